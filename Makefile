@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   venv + vLLM CPU engine + tiny model, then a real sweep (sweeps/quickstart.yaml)
+#   make test   the same environment, then the test suite (what CI runs via .ci/run)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.vllm-sweep-installed
+MODEL := models/tiny-llama
+SWEEP ?= sweeps/quickstart.yaml
+
+# Nothing leaves the project's folders or the temp dir; no network beyond loopback.
+export RAY_AUTH_MODE := disabled
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
+export HF_HOME := $(CURDIR)/.cache/hf
+export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install model demo test clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml framework/engine_setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e ".[cpu,test]"
+	$(BIN)/python -m framework.engine_setup
+	touch $@
+
+model: $(MODEL)/config.json
+
+$(MODEL)/config.json: $(STAMP) framework/tiny_model.py
+	$(BIN)/vllm-sweep build-model $(MODEL) --force
+
+demo: install model
+	$(BIN)/vllm-sweep run $(SWEEP)
+
+test: install model
+	$(BIN)/python -m pytest -ra
+
+clean:
+	rm -rf $(VENV) models results .cache

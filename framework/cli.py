@@ -1,0 +1,109 @@
+"""`vllm-sweep` command line: thin argument parsing over the modules below.
+
+Exit codes: 0 success, 1 a sweep ran but found no feasible configuration is NOT an error (0),
+2 bad input (one line naming file, key and value), 3 cluster problem, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from framework import __version__
+from framework.errors import ClusterError, ConfigError
+
+EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED = 2, 3, 130
+
+
+def _sigterm_as_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from framework import sweep as sweep_mod
+    from framework.cluster import RayLauncher, RaySession
+
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    sw = sweep_mod.load(Path(args.sweep))
+    spec = sw.spec
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    console.print(f"[bold]vllm-sweep {__version__}[/bold]: sweep '{spec.name}' -> "
+                  f"{sw.store.sweep_dir}/ ({len(sw.space.parameters)} parameters, "
+                  f"{spec.search.n_trials} trials, objective {spec.objective.direction} "
+                  f"{spec.objective.metric})")
+    with RaySession(spec.cluster.address, spec.cluster.num_cpus) as session:
+        console.print(f"Ray: {'private local instance' if session.is_local else 'joined existing cluster'}")
+        launcher = RayLauncher(env=sweep_mod.server_env(spec), host=spec.server.host,
+                               cpus_per_server=spec.cluster.cpus_per_server)
+        runner = sweep_mod.Runner(sw, launcher, console)
+        target = max(runner.tuner.finished(), spec.search.n_trials)
+        if args.add_trials:
+            target = runner.tuner.finished() + args.add_trials
+        runner.run(target)
+    runner.summary()
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from framework import sweep as sweep_mod
+
+    sw = sweep_mod.load(Path(args.sweep))
+    print(f"{args.sweep}: ok (sweep '{sw.spec.name}', {len(sw.space.parameters)} parameters)")
+    return 0
+
+
+def cmd_build_model(args: argparse.Namespace) -> int:
+    from framework.tiny_model import build_tiny_llama, is_built
+
+    out = Path(args.out)
+    if is_built(out) and not args.force:
+        print(f"{out}: already built")
+        return 0
+    build_tiny_llama(out, seed=args.seed)
+    print(f"{out}: tiny Llama built")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm-sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"vllm-sweep {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run (or resume) a sweep")
+    run.add_argument("sweep", help="sweep YAML file")
+    run.add_argument("--add-trials", type=int, default=0, metavar="N",
+                     help="run N trials beyond those the study already holds")
+    run.set_defaults(fn=cmd_run)
+    val = sub.add_parser("validate", help="check a sweep and its search space; start nothing")
+    val.add_argument("sweep")
+    val.set_defaults(fn=cmd_validate)
+    bm = sub.add_parser("build-model", help="build the tiny local Llama the quickstart serves")
+    bm.add_argument("out", nargs="?", default="models/tiny-llama")
+    bm.add_argument("--seed", type=int, default=0)
+    bm.add_argument("--force", action="store_true")
+    bm.set_defaults(fn=cmd_build_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CLUSTER
+    except KeyboardInterrupt:
+        print("interrupted: servers stopped; results so far are in place", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Run one vLLM OpenAI server in the current process (inside the trial's server actor).
+
+In-process, not `vllm serve` as a subprocess: only in-process does vLLM's Ray executor see the
+trial's placement group and reuse it (FIELD_NOTES). The caller's main thread blocks in
+`serve()` until the server exits; vLLM installs signal handlers, which needs the main thread.
+No Ray import here: `cluster` wraps this in an actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from framework.errors import TrialError
+
+# Exception types vLLM raises while validating its configuration (before any engine process
+# starts): a failure of one of these means the arguments were rejected.
+_CONFIG_ERRORS = ("ValueError", "TypeError", "ValidationError", "NotImplementedError")
+
+
+def redirect_output(log_path: Path) -> None:
+    """Point this process's stdout/stderr (fds 1, 2; inherited by vLLM's children) at a file."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def parse_server_args(argv: Sequence[str]):
+    """Parse with the installed vLLM's own parser; a rejection is TrialError(invalid_args)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(list(argv))
+            validate_parsed_serve_args(args)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        raise TrialError("invalid_args", lines[-1] if lines else "vLLM rejected the arguments") from None
+    except (ValueError, TypeError) as exc:
+        raise TrialError("invalid_args", str(exc)) from None
+    return args
+
+
+def serve(argv: Sequence[str]) -> None:
+    """Parse, then run the OpenAI server until it exits. Blocks the calling (main) thread.
+
+    Raises TrialError(invalid_args) for rejected arguments or configuration, and
+    TrialError(startup_crash) for anything else that ends the server.
+    """
+    import uvloop
+    from vllm.entrypoints.launchers.api_server.entry import run_server
+
+    args = parse_server_args(argv)
+    try:
+        uvloop.run(run_server(args))
+    except TrialError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - classified and re-raised as data
+        kind = "invalid_args" if type(exc).__name__ in _CONFIG_ERRORS else "startup_crash"
+        raise TrialError(kind, f"{type(exc).__name__}: {exc}".strip()[:2000]) from None
+
+
+def log_tail(log_path: Path, lines: int = 50) -> str:
+    """The last `lines` lines of a server log ('' if there is none)."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            data = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])

@@ -1,0 +1,60 @@
+"""Metrics + SLA -> objective value, Optuna constraints and a verdict. Pure.
+
+Every SLA entry is an upper bound: `metric <= limit`. Each becomes one Optuna constraint
+`(value - limit) / limit` (feasible iff <= 0, Optuna's convention), so violations of different
+metrics are comparable; `error_rate` uses `value - limit` (it is already a fraction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PER_REQUEST_SLO = ("ttft", "tpot", "e2el")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    objective: float
+    feasible: bool
+    constraints: Mapping[str, float]
+    violations: tuple[str, ...]
+
+
+def error_rate(metrics: Mapping[str, float]) -> float:
+    """failed / (completed + failed); 0.0 when nothing was sent."""
+    total = metrics["completed"] + metrics["failed"]
+    return metrics["failed"] / total if total else 0.0
+
+
+def goodput_slo_ms(sla: Mapping[str, float]) -> dict[str, float]:
+    """Per-request limits for vLLM's goodput from the SLA: the tightest limit per metric among
+    its percentile/mean keys (p99_ttft_ms: 250 -> {"ttft": 250})."""
+    slo: dict[str, float] = {}
+    for key, limit in sla.items():
+        parts = key.split("_")
+        if len(parts) == 3 and parts[1] in PER_REQUEST_SLO and parts[0] != "std":
+            slo[parts[1]] = min(limit, slo.get(parts[1], limit))
+    return slo
+
+
+def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str) -> Verdict:
+    """Apply the SLA to one trial's metrics (which must hold every SLA key and the objective)."""
+    values = {**metrics, "error_rate": error_rate(metrics)}
+    constraints: dict[str, float] = {}
+    violations: list[str] = []
+    for key, limit in sla.items():
+        value = float(values[key])
+        excess = value - limit
+        constraints[key] = excess if key == "error_rate" else excess / limit
+        if excess > 0:
+            violations.append(f"{key} {value:.4g} > {limit:g}")
+    return Verdict(objective=float(values[objective_metric]), feasible=not violations,
+                   constraints=constraints, violations=tuple(violations))
+
+
+def gain(best: float, baseline: float, maximize: bool) -> float | None:
+    """Relative improvement of `best` over `baseline` (0.25 = 25% better); None if undefined."""
+    if baseline == 0:
+        return None
+    return (best - baseline) / abs(baseline) if maximize else (baseline - best) / abs(baseline)

@@ -1,0 +1,132 @@
+"""Trial and request rows and their column schemas (pure; docs/RESULTS.md documents them).
+
+Parameters become `param_<flag with underscores>` columns (`max-num-seqs` ->
+`param_max_num_seqs`); metrics keep vLLM bench's names; times are seconds unless the name
+ends in `_ms`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from framework import __version__
+from framework.metrics import metric_names
+from framework.objective import Verdict, error_rate
+from framework.search_space import BoolParam, CategoricalParam, FloatParam, IntParam, SearchSpace
+from framework.specs import Scalar
+from framework.trial import TrialOutcome
+
+SCHEMA_VERSION = 1
+_INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens",
+                "max_concurrent_requests"}
+
+REQUEST_COLUMNS: list[tuple[str, str]] = [
+    ("trial_number", "int"), ("request_index", "int"), ("send_s", "float"), ("ttft_ms", "float"),
+    ("tpot_ms", "float"), ("e2el_ms", "float"), ("itl_ms", "list<float>"),
+    ("prompt_tokens", "int"), ("output_tokens", "int"), ("success", "bool"), ("error", "str"),
+]
+
+
+def param_column(name: str) -> str:
+    return "param_" + name.replace("-", "_")
+
+
+def _param_kind(param) -> str:
+    if isinstance(param, BoolParam):
+        return "bool"
+    if isinstance(param, IntParam):
+        return "int"
+    if isinstance(param, FloatParam):
+        return "float"
+    assert isinstance(param, CategoricalParam)
+    kinds = {type(c) for c in param.choices}
+    if kinds == {int}:
+        return "int"
+    if kinds <= {int, float}:
+        return "float"
+    if kinds == {bool}:
+        return "bool"
+    return "str"
+
+
+def trial_columns(space: SearchSpace, percentiles: Sequence[float]) -> list[tuple[str, str]]:
+    """The trial table's schema for one sweep: fixed columns, one per parameter, metrics."""
+    columns = [
+        ("trial_number", "int"), ("state", "str"), ("fail_reason", "str"), ("fail_detail", "str"),
+        ("is_baseline", "bool"),
+    ]
+    columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
+    columns += [("vllm_argv", "list<str>"), ("serve_command", "str")]
+    columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
+    columns += [
+        ("request_goodput", "float"), ("error_rate", "float"), ("feasible", "bool"),
+        ("sla_violations", "str"), ("objective", "float"), ("vllm_version", "str"),
+        ("vllm_sweep_version", "str"), ("schema_version", "int"), ("started_at", "timestamp"),
+        ("startup_s", "float"), ("bench_s", "float"), ("trial_s", "float"), ("node_ip", "str"),
+        ("server_log", "str"), ("log_tail", "str"),
+    ]
+    return columns
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What a row needs besides the outcome."""
+
+    number: int
+    params: Mapping[str, Scalar]
+    is_baseline: bool
+    serve_command: str
+    vllm_version: str
+    server_log: str
+
+
+def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
+              columns: Sequence[tuple[str, str]]) -> dict[str, object]:
+    """One trial table row; absent values are None (null)."""
+    row: dict[str, object] = {name: None for name, _ in columns}
+    row.update({
+        "trial_number": ctx.number,
+        "state": "COMPLETE" if outcome.ok else "FAIL",
+        "fail_reason": outcome.fail_reason,
+        "fail_detail": outcome.fail_detail or None,
+        "is_baseline": ctx.is_baseline,
+        "vllm_argv": list(outcome.argv),
+        "serve_command": ctx.serve_command,
+        "vllm_version": ctx.vllm_version,
+        "vllm_sweep_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+        "started_at": outcome.started_at,
+        "startup_s": outcome.startup_s,
+        "bench_s": outcome.bench_s,
+        "trial_s": outcome.trial_s,
+        "node_ip": outcome.node_ip or None,
+        "server_log": ctx.server_log,
+        "log_tail": outcome.log_tail or None,
+    })
+    for name, value in ctx.params.items():
+        row[param_column(name)] = value
+    for key, value in outcome.metrics.items():
+        if key in row:
+            row[key] = value
+    if outcome.metrics:
+        row["error_rate"] = error_rate(outcome.metrics)
+    if verdict is not None:
+        row["feasible"] = verdict.feasible
+        row["sla_violations"] = "; ".join(verdict.violations)
+        row["objective"] = verdict.objective
+    return row
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000.0
+
+
+def request_rows(number: int, outcome: TrialOutcome) -> list[dict[str, object]]:
+    """One row per measured request; send_s is relative to the start of the measured run."""
+    return [{
+        "trial_number": number, "request_index": r.index, "send_s": r.send_s - outcome.load_start_s,
+        "ttft_ms": _ms(r.ttft_s), "tpot_ms": _ms(r.tpot_s), "e2el_ms": _ms(r.e2el_s),
+        "itl_ms": [g * 1000.0 for g in r.itl_s], "prompt_tokens": r.prompt_tokens,
+        "output_tokens": r.output_tokens, "success": r.success, "error": r.error or None,
+    } for r in outcome.records]

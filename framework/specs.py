@@ -1,0 +1,197 @@
+"""Sweep YAML -> frozen, validated `SweepSpec`. Unknown keys are errors.
+
+Relative paths in a sweep file (model, search_space, results_dir) are resolved against the
+directory `vllm-sweep` runs from (the repository root for `make demo`, the job's working dir
+for `ray job submit`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from framework.errors import ConfigError
+
+Scalar = bool | int | float | str
+
+_LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput",
+                      "request_goodput")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def is_latency_metric(key: str) -> bool:
+    """True for keys like p99_ttft_ms, mean_tpot_ms, p99.9_itl_ms (percentile in (0, 100])."""
+    match = _LATENCY_KEY.match(key)
+    if not match:
+        return False
+    stat = match.group(1)
+    return not stat.startswith("p") or 0 < float(stat[1:]) <= 100
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSpec(_Spec):
+    """Fixed vLLM flags (same for every trial) and how a server is started."""
+
+    args: dict[str, Scalar] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("args")
+    @classmethod
+    def _flag_names(cls, args: dict[str, Scalar]) -> dict[str, Scalar]:
+        for name in args:
+            if name.startswith("-") or name in ("model", "host", "port"):
+                raise ValueError(f"flag {name!r}: write flags without leading dashes; "
+                                 "model, host and port are set by vllm-sweep")
+        return args
+
+
+class WorkloadSpec(_Spec):
+    """What the load generator sends. Mirrors `vllm bench serve` flags of the same names."""
+
+    dataset: Literal["random"] = "random"
+    num_prompts: int = Field(default=200, gt=0)
+    input_len: int = Field(default=128, gt=0)
+    output_len: int = Field(default=64, gt=0)
+    range_ratio: float = Field(default=0.0, ge=0, lt=1)
+    request_rate: float = Field(default=math.inf, gt=0)
+    burstiness: float = Field(default=1.0, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+    warmup_requests: int = Field(default=16, ge=0)
+    ignore_eos: bool = True
+    seed: int = 0
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    percentiles: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
+
+    @field_validator("percentiles")
+    @classmethod
+    def _percentiles_in_range(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        for p in values:
+            if not 0 < p <= 100:
+                raise ValueError(f"percentile {p} is outside (0, 100]")
+        return values
+
+
+class ObjectiveSpec(_Spec):
+    metric: str = "output_throughput"
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in THROUGHPUT_METRICS and not is_latency_metric(metric):
+            raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(THROUGHPUT_METRICS)} "
+                             "or a latency key like p99_ttft_ms")
+        return metric
+
+
+class SearchSpec(_Spec):
+    sampler: Literal["tpe", "random"] = "tpe"
+    n_trials: int = Field(default=10, gt=0)
+    seed: int = 0
+    baseline: bool = True
+    startup_trials: int | None = Field(default=None, ge=0)
+
+    @property
+    def effective_startup_trials(self) -> int:
+        """Random trials before TPE models the space: given, else n_trials // 3 clamped to [2, 10]
+        (Optuna's fixed 10 would leave a 10-trial sweep with no model-guided trial at all)."""
+        if self.startup_trials is not None:
+            return self.startup_trials
+        return max(2, min(10, self.n_trials // 3))
+
+
+class ClusterSpec(_Spec):
+    """Where trials run. `address: null` starts a private local Ray for the sweep."""
+
+    address: str | None = None
+    num_cpus: int | None = Field(default=None, gt=0)
+    cpus_per_server: int = Field(default=1, gt=0)
+
+
+class SweepSpec(_Spec):
+    name: str
+    model: Path
+    search_space: Path
+    engine: Literal["cpu", "gpu"] = "cpu"
+    server: ServerSpec = ServerSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    sla: dict[str, float] = Field(default_factory=dict)
+    search: SearchSpec = SearchSpec()
+    cluster: ClusterSpec = ClusterSpec()
+    results_dir: Path = Path("results")
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError("use letters, digits, '.', '_' or '-' (at most 64), starting with a "
+                             "letter or digit")
+        return name
+
+    @field_validator("sla")
+    @classmethod
+    def _sla_keys(cls, sla: dict[str, float]) -> dict[str, float]:
+        for key, limit in sla.items():
+            if key != "error_rate" and not is_latency_metric(key):
+                raise ValueError(f"SLA on unknown metric {key!r}; use latency keys like "
+                                 "p99_ttft_ms or error_rate")
+            if not limit > 0 and key != "error_rate":
+                raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
+        return sla
+
+    @model_validator(mode="after")
+    def _percentiles_cover_sla(self) -> SweepSpec:
+        wanted = [k for k in [*self.sla, self.objective.metric] if k.startswith("p")]
+        have = {f"{p:g}" for p in self.workload.percentiles}
+        for key in wanted:
+            if key.split("_", 1)[0][1:] not in have:
+                raise ValueError(f"{key} needs percentile {key.split('_', 1)[0][1:]} in "
+                                 "workload.percentiles")
+        return self
+
+
+def first_error(exc: ValidationError) -> tuple[str, Any, str]:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    return key, err.get("input"), msg
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Parse a YAML mapping; syntax errors and non-mappings become ConfigError."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), "(file)", str(path), exc.strerror or str(exc)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(yaml)"
+        raise ConfigError(str(path), where, None, f"YAML syntax error: "
+                          f"{getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "(top level)", type(data).__name__, "expected a mapping")
+    return data
+
+
+def load_sweep(path: Path) -> SweepSpec:
+    """Read and validate a sweep file; every problem is a one-line ConfigError."""
+    data = read_yaml(path)
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        key, value, msg = first_error(exc)
+        raise ConfigError(str(path), key, value, msg) from None

@@ -1,0 +1,106 @@
+"""Parquet result tables; the only module importing pyarrow.
+
+Layout under `results/<sweep>/`:
+    trials/sweep=<sweep>/trial-00007.parquet      one row per trial
+    requests/sweep=<sweep>/trial-00007.parquet    one row per measured request
+    logs/trial-00007.log                          full server log
+    optuna.journal                                the Optuna study (resume state)
+
+Contract: one file per trial number, written to a hidden temp name and renamed into place, so a
+reader never sees a partial file and writing the same trial again replaces it (no duplicates
+on resume). Columns are typed by an explicit schema, never inferred.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+KINDS: dict[str, pa.DataType] = {
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "str": pa.string(),
+    "bool": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "list<str>": pa.list_(pa.string()),
+    "list<float>": pa.list_(pa.float64()),
+}
+
+Columns = Sequence[tuple[str, str]]
+
+
+def arrow_schema(columns: Columns) -> pa.Schema:
+    """(name, kind) pairs -> an Arrow schema; kinds are the keys of KINDS."""
+    names = [name for name, _ in columns]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"duplicate column names: {dup}")
+    return pa.schema([pa.field(name, KINDS[kind]) for name, kind in columns])
+
+
+def _atomic_write(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class ResultStore:
+    """Where one sweep's results live; see the module docstring for the layout."""
+
+    root: Path
+    sweep: str
+
+    @property
+    def sweep_dir(self) -> Path:
+        return self.root / self.sweep
+
+    def trial_path(self, number: int) -> Path:
+        return self.sweep_dir / "trials" / f"sweep={self.sweep}" / f"trial-{number:05d}.parquet"
+
+    def requests_path(self, number: int) -> Path:
+        return self.sweep_dir / "requests" / f"sweep={self.sweep}" / f"trial-{number:05d}.parquet"
+
+    def log_path(self, number: int) -> Path:
+        return self.sweep_dir / "logs" / f"trial-{number:05d}.log"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.sweep_dir / "optuna.journal"
+
+    def write_trial(self, row: Mapping[str, Any], columns: Columns) -> Path:
+        """Write (or replace) the row of trial `row['trial_number']`."""
+        table = pa.Table.from_pylist([dict(row)], schema=arrow_schema(columns))
+        path = self.trial_path(int(row["trial_number"]))
+        _atomic_write(table, path)
+        return path
+
+    def write_requests(self, number: int, rows: Sequence[Mapping[str, Any]], columns: Columns) -> Path:
+        """Write (or replace) the request rows of trial `number` (may be empty)."""
+        table = pa.Table.from_pylist([dict(r) for r in rows], schema=arrow_schema(columns))
+        path = self.requests_path(number)
+        _atomic_write(table, path)
+        return path
+
+    def trial_numbers(self) -> set[int]:
+        folder = self.trial_path(0).parent
+        if not folder.is_dir():
+            return set()
+        return {int(p.stem.split("-")[1]) for p in folder.glob("trial-*.parquet")}
+
+    def read_trials(self):
+        """All trial rows as a pandas DataFrame ordered by trial number (empty if none)."""
+        import pandas as pd
+
+        files = sorted(self.trial_path(0).parent.glob("trial-*.parquet"))
+        if not files:
+            return pd.DataFrame()
+        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+        return table.to_pandas().sort_values("trial_number").reset_index(drop=True)

@@ -1,0 +1,158 @@
+"""One trial end to end, without Ray: start -> ready -> warm-up -> measured load -> stop.
+
+The consumer owns the interface: `ServerLauncher` / `ServerHandle` are what this module needs
+from whoever starts servers (`cluster.RayLauncher` in production). A failure is returned as
+data (`TrialOutcome.fail_reason`), never raised; the server is stopped on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from framework.engine import log_tail
+from framework.errors import TrialError
+from framework.loadgen import LoadResult, RequestRecord, run_load, wait_ready
+from framework.metrics import compute_metrics
+from framework.workload import RequestSpec
+
+
+class ServerHandle(Protocol):
+    base_url: str
+    node_ip: str
+
+    def is_alive(self) -> bool: ...
+
+    def failure(self) -> TrialError | None: ...
+
+    def stop(self) -> list[int]: ...
+
+
+class ServerLauncher(Protocol):
+    def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path) -> ServerHandle: ...
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The load every trial of a sweep receives (built once, identical across trials)."""
+
+    model: str
+    warmup: Sequence[RequestSpec]
+    measured: Sequence[RequestSpec]
+    arrivals: Sequence[float] | None
+    max_concurrency: int | None
+    ignore_eos: bool
+    request_timeout_s: float
+    percentiles: Sequence[float]
+    goodput_slo_ms: dict[str, float]
+    startup_timeout_s: float
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    started_at: datetime
+    argv: tuple[str, ...]
+    node_ip: str = ""
+    startup_s: float | None = None
+    bench_s: float | None = None
+    trial_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    records: tuple[RequestRecord, ...] = ()
+    load_start_s: float = 0.0
+    fail_reason: str | None = None
+    fail_detail: str = ""
+    log_tail: str = ""
+    leftover_pids: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.fail_reason is None
+
+
+Phase = Callable[[str], None]
+
+
+def _await_ready(server: ServerHandle, timeout_s: float) -> None:
+    ready = asyncio.run(wait_ready(server.base_url, timeout_s, is_alive=server.is_alive))
+    if ready:
+        return
+    failure = server.failure()
+    if failure is not None:
+        raise failure
+    raise TrialError("startup_timeout", f"not ready within {timeout_s:.0f} s")
+
+
+def _load(server: ServerHandle, plan: LoadPlan, requests: Sequence[RequestSpec],
+          arrivals: Sequence[float] | None,
+          on_done: Callable[[RequestRecord], None] | None) -> LoadResult:
+    return asyncio.run(run_load(
+        server.base_url, plan.model, requests, arrivals=arrivals,
+        max_concurrency=plan.max_concurrency, ignore_eos=plan.ignore_eos,
+        timeout_s=plan.request_timeout_s, on_done=on_done))
+
+
+def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list[str]],
+              plan: LoadPlan, log_path: Path, phase: Phase = lambda _: None,
+              clock: Callable[[], float] = time.monotonic) -> TrialOutcome:
+    """Run one trial; every failure comes back as `fail_reason` with the server log tail."""
+    started_at = datetime.now(timezone.utc)
+    t0 = clock()
+    argv: list[str] = []
+    server: ServerHandle | None = None
+    startup_s = bench_s = None
+    ready = False
+    try:
+        def remember(host: str, port: int) -> list[str]:
+            argv.extend(argv_for_port(host, port))
+            return argv
+
+        phase("starting server")
+        server = launcher.launch(remember, log_path)
+        _await_ready(server, plan.startup_timeout_s)
+        ready = True
+        startup_s = clock() - t0
+        if plan.warmup:
+            phase(f"warming up ({len(plan.warmup)} requests)")
+            _load(server, plan, plan.warmup, None, None)
+        done = 0
+
+        def progress(_: RequestRecord) -> None:
+            nonlocal done
+            done += 1
+            if done % max(1, len(plan.measured) // 4) == 0:
+                phase(f"under load: {done}/{len(plan.measured)} requests")
+
+        phase(f"under load: 0/{len(plan.measured)} requests")
+        t_load = clock()
+        result = _load(server, plan, plan.measured, plan.arrivals, progress)
+        bench_s = clock() - t_load
+        if not server.is_alive():
+            raise server.failure() or TrialError("server_died", "server exited during the load")
+        metrics = compute_metrics(result.records, result.duration_s, plan.percentiles,
+                                  plan.goodput_slo_ms or None)
+        if metrics["completed"] == 0:
+            first = next((r.error for r in result.records if r.error), "")
+            raise TrialError("load_failed", f"all {len(result.records)} requests failed: {first}")
+        phase("stopping")
+        left = server.stop()
+        return TrialOutcome(started_at=started_at, argv=tuple(argv), node_ip=server.node_ip,
+                            startup_s=startup_s, bench_s=bench_s, trial_s=clock() - t0,
+                            metrics=metrics, records=result.records,
+                            load_start_s=result.start_s, leftover_pids=tuple(left))
+    except TrialError as exc:
+        reason = "server_died" if ready and exc.reason == "startup_crash" else exc.reason
+        left = server.stop() if server is not None else []
+        return TrialOutcome(started_at=started_at, argv=tuple(argv),
+                            node_ip=server.node_ip if server else "", startup_s=startup_s,
+                            bench_s=bench_s, trial_s=clock() - t0, fail_reason=reason,
+                            fail_detail=exc.detail, log_tail=log_tail(log_path),
+                            leftover_pids=tuple(left))
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise

@@ -1,0 +1,324 @@
+"""run_load against FakeSSEServer, a local aiohttp stand-in for vLLM's streaming API.
+
+FakeSSEServer only serves canned SSE streams so that parsing, failure handling,
+timeouts and concurrency limits can be tested without a model server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from framework.loadgen import LoadResult, RequestRecord, run_load, wait_ready
+from framework.metrics import max_in_flight
+from framework.workload import RequestSpec
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    body = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {body}\n\n".encode()
+
+
+def content(text: str) -> bytes:
+    return sse({"id": "cmpl-1", "choices": [{"index": 0, "text": text}]})
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return sse(
+        {
+            "id": "cmpl-1",
+            "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        }
+    )
+
+
+DONE = sse("[DONE]")
+Leave = Callable[[], None]
+
+
+class FakeSSEServer:
+    """aiohttp server on 127.0.0.1 (free port) answering /v1/completions by prompt name.
+
+    Counts requests in flight and keeps every JSON body. A scenario may call ``leave``
+    before its final write, so that the count never exceeds what the client has in flight.
+    """
+
+    def __init__(self) -> None:
+        self.payloads: list[dict[str, Any]] = []
+        self.client_ports: list[int] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> FakeSSEServer:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/health", self.health)
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(self._runner, sock).start()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        self.payloads.append(payload)
+        self.client_ports.append(request.transport.get_extra_info("peername")[1])
+        scenario = SCENARIOS[payload["prompt"]]
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                self.in_flight -= 1
+
+        try:
+            return await scenario(request, leave)
+        finally:
+            leave()
+
+
+async def start_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    return resp
+
+
+async def normal(request: web.Request, leave: Leave) -> web.StreamResponse:
+    """Three content chunks (the second split across two writes, carrying two tokens)."""
+    resp = await start_stream(request)
+    await resp.write(b": ping\n\n")
+    await resp.write(content("a"))
+    await asyncio.sleep(0.02)
+    second = content("bc")
+    await resp.write(second[:17])
+    await asyncio.sleep(0.02)
+    await resp.write(second[17:])
+    await resp.write(content("d") + usage(7, 4))
+    await asyncio.sleep(0.01)
+    await resp.write(DONE)
+    return resp
+
+
+async def error_event(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(content("a"))
+    error = {"message": "boom", "type": "InternalServerError", "code": 500}
+    await resp.write(sse({"error": error}) + DONE)
+    return resp
+
+
+async def usage_only(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(usage(7, 0) + DONE)
+    return resp
+
+
+async def no_usage(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(content("a") + content("b") + DONE)
+    return resp
+
+
+async def http_500(request: web.Request, leave: Leave) -> web.Response:
+    return web.Response(status=500, text="engine exploded")
+
+
+async def stalls(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(content("a"))
+    await asyncio.sleep(5.0)
+    await resp.write(usage(7, 2) + DONE)
+    return resp
+
+
+async def slow_ok(request: web.Request, leave: Leave) -> web.StreamResponse:
+    """Holds the request for 0.1 s, leaves the in-flight count, then writes [DONE]."""
+    resp = await start_stream(request)
+    await resp.write(content("a"))
+    await asyncio.sleep(0.1)
+    await resp.write(content("b") + usage(7, 2))
+    leave()
+    await resp.write(DONE)
+    return resp
+
+
+Scenario = Callable[[web.Request, Leave], Awaitable[web.StreamResponse]]
+SCENARIOS: dict[str, Scenario] = {
+    "normal": normal,
+    "error_event": error_event,
+    "usage_only": usage_only,
+    "no_usage": no_usage,
+    "http_500": http_500,
+    "stalls": stalls,
+    "slow_ok": slow_ok,
+}
+
+
+def counter_clock() -> Callable[[], float]:
+    """Deterministic clock: 0.0, 1.0, 2.0, ... one step per call."""
+    ticks: Iterator[int] = iter(range(1_000_000))
+    return lambda: float(next(ticks))
+
+
+def spec(prompt: str, output_len: int = 4) -> RequestSpec:
+    return RequestSpec(prompt=prompt, prompt_len=7, output_len=output_len)
+
+
+async def run_against_server(
+    prompts: list[str], **kwargs: Any
+) -> tuple[LoadResult, FakeSSEServer]:
+    async with FakeSSEServer() as server:
+        result = await run_load(server.url, "tiny", [spec(p) for p in prompts], **kwargs)
+    return result, server
+
+
+@pytest.mark.timeout(60)
+def test_normal_stream_with_deterministic_clock() -> None:
+    done: list[RequestRecord] = []
+    result, server = asyncio.run(
+        run_against_server(["normal"], clock=counter_clock(), on_done=done.append)
+    )
+    # clock calls: run start 0, send 1, chunks 2 3 4, run end 5
+    assert result.records == (
+        RequestRecord(
+            index=0,
+            send_s=1.0,
+            ttft_s=1.0,
+            chunk_s=(2.0, 3.0, 4.0),
+            end_s=4.0,
+            prompt_tokens=7,
+            output_tokens=4,
+            success=True,
+        ),
+    )
+    record = result.records[0]
+    assert record.e2el_s == 3.0
+    assert record.tpot_s == pytest.approx(2.0 / 3.0)
+    assert record.itl_s == (1.0, 1.0)
+    assert (result.start_s, result.end_s, result.duration_s) == (0.0, 5.0, 5.0)
+    assert done == list(result.records)
+    assert server.payloads == [
+        {
+            "model": "tiny",
+            "prompt": "normal",
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        }
+    ]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("prompt", "error_part"),
+    [
+        ("error_event", "boom"),
+        ("usage_only", "no content chunk"),
+        ("no_usage", "no usage in stream"),
+        ("http_500", "HTTP 500"),
+    ],
+)
+def test_failures_are_records(prompt: str, error_part: str) -> None:
+    result, _ = asyncio.run(run_against_server(["normal", prompt, "normal"]))
+    first, failure, last = result.records
+    assert first.success and last.success
+    assert not failure.success
+    assert error_part in failure.error
+    assert failure.e2el_s is None and failure.tpot_s is None
+    assert [r.index for r in result.records] == [0, 1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_timeout_is_a_failure_and_the_run_completes() -> None:
+    started = time.perf_counter()
+    result, _ = asyncio.run(run_against_server(["stalls", "normal"], timeout_s=0.5))
+    assert time.perf_counter() - started < 4.0
+    stalled, normal_record = result.records
+    assert not stalled.success
+    assert "timeout" in stalled.error
+    assert stalled.ttft_s is not None  # the first chunk did arrive
+    assert normal_record.success and normal_record.output_tokens == 4
+
+
+@pytest.mark.timeout(60)
+def test_connection_refused_is_a_failure() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    result = asyncio.run(run_load(f"http://127.0.0.1:{port}", "tiny", [spec("normal")]))
+    (record,) = result.records
+    assert not record.success and record.error
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("max_concurrency", "expected_peak"), [(1, 1), (3, 3), (None, 12)])
+def test_max_concurrency_respected(max_concurrency: int | None, expected_peak: int) -> None:
+    result, server = asyncio.run(
+        run_against_server(["slow_ok"] * 12, max_concurrency=max_concurrency)
+    )
+    assert all(r.success for r in result.records)
+    assert server.max_in_flight == expected_peak
+    assert max_in_flight([(r.send_s, r.end_s) for r in result.records]) <= expected_peak
+
+
+@pytest.mark.timeout(60)
+def test_sequential_requests_reuse_one_connection() -> None:
+    result, server = asyncio.run(run_against_server(["normal"] * 4, max_concurrency=1))
+    assert all(r.success for r in result.records)
+    assert len(server.client_ports) == 4
+    assert len(set(server.client_ports)) == 1
+
+
+@pytest.mark.timeout(60)
+def test_arrival_offsets_delay_sends() -> None:
+    result, _ = asyncio.run(run_against_server(["normal", "normal"], arrivals=[0.0, 0.3]))
+    first, second = result.records
+    assert second.send_s - first.send_s >= 0.29
+    assert second.send_s - result.start_s >= 0.29
+
+
+@pytest.mark.timeout(60)
+def test_arrivals_must_match_requests() -> None:
+    with pytest.raises(ValueError):
+        asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], arrivals=[0.0, 1.0]))
+
+
+@pytest.mark.timeout(60)
+def test_wait_ready() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        async with FakeSSEServer() as server:
+            ready = await wait_ready(server.url, timeout_s=5.0)
+            dead = await wait_ready(server.url + "/nowhere", timeout_s=5.0, is_alive=lambda: False)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        never = await wait_ready(f"http://127.0.0.1:{port}", timeout_s=1.0)
+        return ready, dead, never
+
+    assert asyncio.run(scenario()) == (True, False, False)

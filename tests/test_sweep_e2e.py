@@ -1,0 +1,127 @@
+"""A real sweep on real parts: local Ray, vLLM CPU servers, Optuna journal, Parquet read back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import CLI, ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+
+pytestmark = pytest.mark.server
+
+
+def write_sweep(tmp: Path, model: Path, n_trials: int, name: str = "e2e") -> Path:
+    sweep = {
+        "name": name,
+        "model": str(model),
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512},
+                   "startup_timeout_s": 240},
+        "workload": {"num_prompts": 40, "input_len": 64, "output_len": 16,
+                     "max_concurrency": 8, "warmup_requests": 8, "seed": 1},
+        "objective": {"metric": "output_throughput", "direction": "maximize"},
+        "sla": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
+        "search": {"n_trials": n_trials, "seed": 3},
+        "results_dir": str(tmp / "results"),
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def read_trials(results: Path, name: str) -> pd.DataFrame:
+    return duckdb.sql(
+        f"SELECT * FROM read_parquet('{results}/{name}/trials/**/*.parquet', hive_partitioning=true)"
+        " ORDER BY trial_number").df()
+
+
+@pytest.mark.timeout(900)
+def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    sweep = write_sweep(short_tmp, tiny_model, n_trials=2)
+    try:
+        first = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=600)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        assert "trial 0" in first.stdout and "trial 1" in first.stdout
+        assert "vllm serve" in first.stdout
+        assert wait_no_marked_processes(marker) == []
+
+        trials = read_trials(short_tmp / "results", "e2e")
+        assert list(trials["trial_number"]) == [0, 1]
+        assert set(trials["sweep"]) == {"e2e"}
+        assert list(trials["is_baseline"]) == [True, False]
+        assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason", "fail_detail"]]
+        baseline, tuned = trials.iloc[0], trials.iloc[1]
+        # The baseline passes none of the tuned flags; the tuned trial passes all four.
+        assert "--max-num-seqs" not in list(baseline["vllm_argv"])
+        assert "--max-num-seqs" in list(tuned["vllm_argv"])
+        assert str(tuned["param_max_num_seqs"]) in list(tuned["vllm_argv"])
+        for _, row in trials.iterrows():
+            assert row["completed"] == 40 and row["failed"] == 0
+            assert row["output_throughput"] > 0 and row["p99_ttft_ms"] > 0
+            assert row["startup_s"] > 1 and row["bench_s"] > 0
+            assert row["feasible"] == (row["p99_ttft_ms"] <= 2000 and row["p99_tpot_ms"] <= 100)
+
+        requests = duckdb.sql(
+            f"SELECT trial_number, count(*) AS n, sum(output_tokens) AS out, sum(prompt_tokens) AS inp "
+            f"FROM read_parquet('{short_tmp}/results/e2e/requests/**/*.parquet', hive_partitioning=true) "
+            "GROUP BY trial_number ORDER BY trial_number").fetchall()
+        assert [r[0] for r in requests] == [0, 1]
+        for (number, n, out, inp), (_, row) in zip(requests, trials.iterrows()):
+            assert n == 40
+            assert out == row["total_output_tokens"] and inp == row["total_input_tokens"]
+
+        # Same sweep again: the study is complete, nothing runs, nothing is duplicated.
+        again = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert "nothing to run" in again.stdout
+        assert len(read_trials(short_tmp / "results", "e2e")) == 2
+
+        # Extending continues the numbering of the same study.
+        more = run_cli(["run", str(sweep), "--add-trials", "1"], short_tmp, env, timeout_s=600)
+        assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+        assert list(read_trials(short_tmp / "results", "e2e")["trial_number"]) == [0, 1, 2]
+    finally:
+        assert wait_no_marked_processes(marker) == []
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_mid_trial_stops_everything_and_keeps_results(tiny_model, short_tmp):
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    sweep = write_sweep(short_tmp, tiny_model, n_trials=3, name="intr")
+    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 300
+        while "starting server" not in seen and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line
+        assert "starting server" in seen, seen
+        time.sleep(8)  # the server actor is up and vLLM is starting
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, seen + out
+        assert "interrupted" in out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        left = wait_no_marked_processes(marker)
+    assert left == []
+    trials = read_trials(short_tmp / "results", "intr")
+    assert list(trials["trial_number"]) == [0]
+    assert trials.iloc[0]["state"] == "FAIL" and trials.iloc[0]["fail_reason"] == "interrupted"
