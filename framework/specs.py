@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from framework.errors import ConfigError
+from framework.metrics import LATENCY_METRICS, percentile_key
 
 Scalar = bool | int | float | str
 
@@ -147,18 +148,19 @@ class SweepSpec(_Spec):
             if key != "error_rate" and not is_latency_metric(key):
                 raise ValueError(f"SLA on unknown metric {key!r}; use latency keys like "
                                  "p99_ttft_ms or error_rate")
-            if not limit > 0 and key != "error_rate":
+            if key == "error_rate" and not 0 <= limit <= 1:
+                raise ValueError(f"SLA limit for error_rate must be in [0, 1], got {limit}")
+            if key != "error_rate" and not limit > 0:
                 raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
         return sla
 
     @model_validator(mode="after")
     def _percentiles_cover_sla(self) -> SweepSpec:
-        wanted = [k for k in [*self.sla, self.objective.metric] if k.startswith("p")]
-        have = {f"{p:g}" for p in self.workload.percentiles}
-        for key in wanted:
-            if key.split("_", 1)[0][1:] not in have:
+        have = {percentile_key(m, p) for m in LATENCY_METRICS for p in self.workload.percentiles}
+        for key in [*self.sla, self.objective.metric]:
+            if key.startswith("p") and key not in have:
                 raise ValueError(f"{key} needs percentile {key.split('_', 1)[0][1:]} in "
-                                 "workload.percentiles")
+                                 f"workload.percentiles {list(self.workload.percentiles)}")
         return self
 
 

@@ -1,0 +1,148 @@
+"""SLA + metrics -> objective, Optuna constraints and verdict (values computed by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework.objective import error_rate, evaluate, gain, goodput_slo_ms
+
+# 95 completed + 5 failed -> error rate 5 / 100 = 0.05
+METRICS = {
+    "completed": 95, "failed": 5, "output_throughput": 1234.5, "request_throughput": 10.0,
+    "p99_ttft_ms": 600.0, "p99_tpot_ms": 8.0, "mean_ttft_ms": 100.0, "p99.9_itl_ms": 30.0,
+}
+
+
+def test_evaluate_without_sla_is_feasible():
+    v = evaluate(METRICS, {}, "output_throughput")
+    assert v.objective == 1234.5
+    assert v.feasible is True
+    assert dict(v.constraints) == {}
+    assert v.violations == ()
+
+
+def test_evaluate_feasible_constraints_are_normalized_and_negative():
+    # (600 - 1000) / 1000 = -0.4 ; (8 - 16) / 16 = -0.5 ; (100 - 125) / 125 = -0.2
+    v = evaluate(METRICS, {"p99_ttft_ms": 1000, "p99_tpot_ms": 16, "mean_ttft_ms": 125},
+                 "output_throughput")
+    assert v.feasible is True
+    assert v.violations == ()
+    assert list(v.constraints) == ["p99_ttft_ms", "p99_tpot_ms", "mean_ttft_ms"]  # SLA order
+    assert v.constraints["p99_ttft_ms"] == pytest.approx(-0.4)
+    assert v.constraints["p99_tpot_ms"] == pytest.approx(-0.5)
+    assert v.constraints["mean_ttft_ms"] == pytest.approx(-0.2)
+
+
+def test_evaluate_one_violated():
+    # ttft: (600 - 500) / 500 = +0.2 (violated); tpot: (8 - 10) / 10 = -0.2
+    v = evaluate(METRICS, {"p99_ttft_ms": 500, "p99_tpot_ms": 10}, "output_throughput")
+    assert v.feasible is False
+    assert v.constraints["p99_ttft_ms"] == pytest.approx(0.2)
+    assert v.constraints["p99_tpot_ms"] == pytest.approx(-0.2)
+    assert v.violations == ("p99_ttft_ms 600 > 500",)
+    assert v.objective == 1234.5  # the objective is reported even when infeasible
+
+
+def test_evaluate_all_violated_lists_each():
+    # ttft (600 - 300) / 300 = 1.0 ; itl (30 - 20) / 20 = 0.5
+    v = evaluate(METRICS, {"p99_ttft_ms": 300, "p99.9_itl_ms": 20}, "request_throughput")
+    assert v.feasible is False
+    assert v.constraints == {"p99_ttft_ms": pytest.approx(1.0), "p99.9_itl_ms": pytest.approx(0.5)}
+    assert v.violations == ("p99_ttft_ms 600 > 300", "p99.9_itl_ms 30 > 20")
+    assert v.objective == 10.0
+
+
+def test_value_equal_to_limit_is_feasible():
+    v = evaluate(METRICS, {"p99_tpot_ms": 8}, "output_throughput")
+    assert v.constraints["p99_tpot_ms"] == 0.0
+    assert v.feasible is True  # Optuna: feasible iff constraint <= 0
+
+
+@pytest.mark.parametrize(("limit", "constraint", "feasible"), [
+    (0.01, 0.04, False),   # 0.05 - 0.01, not divided by the limit
+    (0.1, -0.05, True),    # 0.05 - 0.1
+    (0.05, 0.0, True),
+])
+def test_error_rate_constraint_is_absolute(limit, constraint, feasible):
+    v = evaluate(METRICS, {"error_rate": limit}, "output_throughput")
+    assert v.constraints["error_rate"] == pytest.approx(constraint)
+    assert v.feasible is feasible
+    assert (v.violations == ()) is feasible
+    if not feasible:
+        assert v.violations == (f"error_rate 0.05 > {limit:g}",)
+
+
+def test_error_rate_limit_zero_with_no_failures():
+    metrics = {**METRICS, "completed": 100, "failed": 0}
+    v = evaluate(metrics, {"error_rate": 0}, "output_throughput")
+    assert v.constraints["error_rate"] == 0.0
+    assert v.feasible is True
+
+
+def test_error_rate_limit_zero_with_one_failure():
+    metrics = {**METRICS, "completed": 99, "failed": 1}
+    v = evaluate(metrics, {"error_rate": 0}, "output_throughput")  # no division by a 0 limit
+    assert v.constraints["error_rate"] == pytest.approx(0.01)
+    assert v.feasible is False
+
+
+def test_error_rate_computed_not_taken_from_metrics():
+    metrics = {**METRICS, "error_rate": 0.9}  # a stale value must not win over completed/failed
+    v = evaluate(metrics, {"error_rate": 0.1}, "output_throughput")
+    assert v.constraints["error_rate"] == pytest.approx(-0.05)
+
+
+def test_latency_objective_and_type():
+    v = evaluate({"completed": 3, "failed": 0, "p99_ttft_ms": 42}, {}, "p99_ttft_ms")
+    assert v.objective == 42.0 and isinstance(v.objective, float)
+
+
+def test_missing_sla_metric_raises():
+    with pytest.raises(KeyError):
+        evaluate(METRICS, {"p99_e2el_ms": 100}, "output_throughput")
+
+
+@pytest.mark.parametrize(("sla", "expected"), [
+    ({}, {}),
+    ({"p99_ttft_ms": 250}, {"ttft": 250}),
+    ({"p99_ttft_ms": 250, "mean_ttft_ms": 100}, {"ttft": 100}),   # tightest wins
+    ({"mean_ttft_ms": 100, "p99_ttft_ms": 250}, {"ttft": 100}),   # in any order
+    ({"p50_ttft_ms": 300, "p99.9_ttft_ms": 400}, {"ttft": 300}),
+    ({"p99_tpot_ms": 20, "median_e2el_ms": 900}, {"tpot": 20, "e2el": 900}),
+    ({"std_ttft_ms": 5}, {}),              # a spread is no per-request limit
+    ({"p99_itl_ms": 30}, {}),              # vLLM goodput has no itl SLO
+    ({"error_rate": 0.01}, {}),
+    ({"error_rate": 0.01, "p90_e2el_ms": 2000, "std_e2el_ms": 1}, {"e2el": 2000}),
+])
+def test_goodput_slo_ms(sla, expected):
+    assert goodput_slo_ms(sla) == expected
+
+
+@pytest.mark.parametrize(("best", "baseline", "maximize", "expected"), [
+    (120.0, 100.0, True, 0.2),
+    (80.0, 100.0, True, -0.2),
+    (100.0, 100.0, True, 0.0),
+    (80.0, 100.0, False, 0.2),     # lower latency is better
+    (120.0, 100.0, False, -0.2),
+    (-1.0, -2.0, True, 0.5),       # |baseline| in the denominator
+    (-3.0, -2.0, False, 0.5),
+    (5.0, 0.0, True, None),
+    (5.0, 0.0, False, None),
+])
+def test_gain(best, baseline, maximize, expected):
+    result = gain(best, baseline, maximize)
+    if expected is None:
+        assert result is None
+    else:
+        assert result == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("completed", "failed", "expected"), [
+    (95, 5, 0.05),
+    (100, 0, 0.0),
+    (0, 10, 1.0),
+    (1, 2, 2 / 3),
+    (0, 0, 0.0),   # nothing sent
+])
+def test_error_rate(completed, failed, expected):
+    assert error_rate({"completed": completed, "failed": failed}) == pytest.approx(expected)
