@@ -27,6 +27,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from framework import sweep as sweep_mod
     from framework.cluster import RayLauncher, RaySession
+    from framework.runner import Runner
+    from framework.session import DriverSession
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     sw = sweep_mod.load(Path(args.sweep))
@@ -36,11 +38,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{sw.store.sweep_dir}/ ({len(sw.space.parameters)} parameters, "
                   f"{spec.search.n_trials} trials, objective {spec.objective.direction} "
                   f"{spec.objective.metric})")
-    with RaySession(spec.cluster.address, spec.cluster.num_cpus) as session:
+    with DriverSession(sw.store.sweep_dir / "driver.json") as driver, \
+            RaySession(spec.cluster.address, spec.cluster.num_cpus) as session:
+        if driver.reaped_stale:
+            console.print(f"ended {driver.reaped_stale} process(es) left by an earlier driver "
+                          "of this sweep that died")
         console.print(f"Ray: {'private local instance' if session.is_local else 'joined existing cluster'}")
-        launcher = RayLauncher(env=sweep_mod.server_env(spec), host=spec.server.host,
-                               cpus_per_server=spec.cluster.cpus_per_server)
-        runner = sweep_mod.Runner(sw, launcher, console)
+        host = spec.server.host
+        if host == "auto":
+            host = "127.0.0.1" if session.is_local else "node"
+        launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine)
+        runner = Runner(sw, launcher, console)
         target = max(runner.tuner.finished(), spec.search.n_trials)
         if args.add_trials:
             target = runner.tuner.finished() + args.add_trials
@@ -69,6 +77,12 @@ def cmd_build_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from framework.bench import run
+
+    return run(args)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-sweep", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"vllm-sweep {__version__}")
@@ -86,6 +100,12 @@ def parser() -> argparse.ArgumentParser:
     bm.add_argument("--seed", type=int, default=0)
     bm.add_argument("--force", action="store_true")
     bm.set_defaults(fn=cmd_build_model)
+    from framework.bench import add_cli_args as add_bench_args  # imports only the stdlib
+
+    be = sub.add_parser("bench", help="benchmark one OpenAI-compatible server like "
+                        "`vllm bench serve` (same flags, same JSON keys)")
+    add_bench_args(be)
+    be.set_defaults(fn=cmd_bench)
     return p
 
 

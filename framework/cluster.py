@@ -9,42 +9,94 @@ process of its tree (found on the actor's node) to exit, SIGKILLing stragglers.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import tempfile
 import time
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
 )
 
-from framework import engine
+from framework import engine, fake_engine
 from framework.errors import ClusterError, TrialError
+from framework.placement import Bundle
+from framework.session import SESSION_VAR, reap_session
+from framework.vllm_plugin import ENV_FLAG
+
+
+# Ray's GCS marks a node dead after ~5 missed health checks of 3 s; an actor on a dying node
+# is reported dead before that.
+NODE_DEATH_DETECTION_S = 45.0
 
 
 @ray.remote(num_cpus=0)
 class ServerActor:
     """Hosts one vLLM server. Call `prepare` first, then `serve` (blocks until the server ends)."""
 
-    def prepare(self, host: str) -> dict:
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        return {"pid": os.getpid(), "port": port, "node_ip": ray.util.get_node_ip_address(),
+    def prepare(self, host: str, taken: list[int]) -> dict:
+        """Pick a free port on this node that no other running trial holds."""
+        node_ip = ray.util.get_node_ip_address()
+        bind_host = node_ip if host == "node" else host
+        for _ in range(100):
+            with socket.socket() as sock:
+                sock.bind((bind_host, 0))
+                port = sock.getsockname()[1]
+            if port not in taken:
+                break
+        return {"pid": os.getpid(), "port": port, "node_ip": node_ip,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def serve(self, argv: list[str], log_path: str) -> None:
+    def serve(self, argv: list[str], log_path: str, engine_name: str = "cpu") -> None:
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         engine.redirect_output(Path(log_path))
-        engine.serve(argv)
+        if engine_name == "fake":
+            self._workers: list = []
+            fake_engine.serve(argv, on_ready=lambda args: self._start_fake_workers(args.port, log_path))
+        else:
+            engine.serve(argv)
+
+    def _start_fake_workers(self, port: int, tag: str) -> None:
+        """One placeholder per bundle of this trial's group, holding its GPU like a vLLM worker."""
+        group = ray.util.get_current_placement_group()
+        for index, bundle in enumerate(group.bundle_specs):
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+            worker = FakeWorker.options(num_cpus=0, num_gpus=bundle.get("GPU", 0),
+                                        scheduling_strategy=strategy).remote()
+            self._workers.append(worker)
+        events = ray.get([w.claim.remote(port, i, group.id.hex(), tag)
+                          for i, w in enumerate(self._workers)], timeout=300)
+        path = os.environ.get("FAKE_ENGINE_OCCUPANCY_LOG")
+        if path:
+            with open(path, "a") as fh:
+                fh.write("".join(json.dumps(e) + "\n" for e in events))
+
+
+@ray.remote(num_cpus=0)
+class FakeWorker:
+    """FakeEngine's stand-in for a vLLM worker: reports where it landed and which GPUs it holds."""
+
+    def claim(self, port: int, bundle: int, group_id: str, tag: str) -> dict:
+        current = ray.util.get_current_placement_group()
+        return {"t": time.time(), "tag": tag, "port": port, "bundle": bundle, "group": group_id,
+                "in_group": current is not None and current.id.hex() == group_id,
+                "node_ip": ray.util.get_node_ip_address(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
 
 def _tree(pid: int) -> list[int]:
@@ -92,6 +144,9 @@ class RayServer:
     node_ip: str
     node_id: str
     pid: int
+    port: int
+    placement: tuple[str, ...]
+    _on_stop: Callable[[RayServer], None] = field(default=lambda _: None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     def _on_node(self, fn, *args):
@@ -103,7 +158,7 @@ class RayServer:
         return not done
 
     def failure(self) -> TrialError | None:
-        """Why the server ended (None while it runs or if it exited cleanly)."""
+        """Why the server ended (None while it runs)."""
         if self.is_alive():
             return None
         try:
@@ -115,61 +170,145 @@ class RayServer:
             if isinstance(cause, TrialError):
                 return cause
             return TrialError("startup_crash", str(exc).splitlines()[-1][:2000])
-        except ray.exceptions.ActorDiedError as exc:
+        except ray.exceptions.RayActorError as exc:
+            lost = self._await_lost_nodes(NODE_DEATH_DETECTION_S)
+            if lost:
+                return TrialError("node_lost", f"node(s) {', '.join(lost)} died")
             return TrialError("server_died", f"server actor died: {str(exc).splitlines()[0]}")
         return TrialError("server_died", "server exited")
+
+    def _await_lost_nodes(self, timeout_s: float) -> list[str]:
+        """The actor died: give Ray's health checks time to declare a dead node dead."""
+        deadline = time.monotonic() + timeout_s
+        while not (lost := self.lost_nodes()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        return lost
+
+    def lost_nodes(self) -> list[str]:
+        """IPs of this trial's nodes that Ray no longer sees alive."""
+        alive = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        return sorted({ip for ip in (*self.placement, self.node_ip) if ip not in alive})
 
     def stop(self) -> list[int]:
         """Kill the actor and its process tree; returns pids that survived (should be [])."""
         if self._stopped:
             return []
         self._stopped = True
-        try:
-            pids = self._on_node(_tree_remote, self.pid)
-        except Exception:  # noqa: BLE001 - the node may be gone; nothing left to find there
-            pids = []
+        node_alive = self.node_ip not in self.lost_nodes()
+        pids: list[int] = []
+        if node_alive:
+            try:
+                pids = self._on_node(_tree_remote, self.pid)
+            except Exception:  # noqa: BLE001 - the node died meanwhile: nothing left to find
+                pids = []
         ray.kill(self.actor, no_restart=True)
         try:
             left = self._on_node(_reap_remote, pids, 15.0) if pids else []
         except Exception:  # noqa: BLE001
             left = []
         remove_placement_group(self.group)
+        self._on_stop(self)
         return left
 
 
-@dataclass(frozen=True)
+def _bundle_nodes(group: PlacementGroup) -> tuple[str, ...]:
+    """Node IP of each bundle, in bundle order (Ray does not order bundles by node)."""
+    table = placement_group_table(group)
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    by_bundle = table["bundles_to_node_id"]
+    return tuple(ips.get(by_bundle[i], "?") for i in sorted(by_bundle))
+
+
+def node_resources() -> list[dict[str, float]]:
+    """Total resources of each alive node (for `placement.fits`)."""
+    return [dict(n["Resources"]) for n in ray.nodes() if n["Alive"]]
+
+
 class RayLauncher:
-    """Starts trial servers on the connected Ray cluster: implements trial.ServerLauncher."""
+    """Starts trial servers on the connected Ray cluster: implements trial.ServerLauncher.
 
-    env: Mapping[str, str]
-    host: str
-    cpus_per_server: int
-    placement_timeout_s: float = 600.0
+    Thread-safe: several trials may launch at once. A port handed to a running server is never
+    handed out again on the same node until that server stops.
+    """
 
-    def launch(self, argv_for_port, log_path: Path) -> RayServer:
-        """`argv_for_port(host, port)` builds the server argv once the port is known."""
-        group = placement_group([{"CPU": self.cpus_per_server}], strategy="PACK")
-        ready, _ = ray.wait([group.ready()], timeout=self.placement_timeout_s)
+    def __init__(self, env: Mapping[str, str], host: str, engine: str,
+                 placement_timeout_s: float = 3600.0) -> None:
+        self.env, self.host, self.engine = dict(env), host, engine
+        self.placement_timeout_s = placement_timeout_s
+        self._lock = threading.Lock()
+        self._ports: set[tuple[str, int]] = set()
+        self._servers: set[int] = set()
+        self._active: dict[int, RayServer] = {}
+        self._cancelled = threading.Event()
+
+    def node_resources(self) -> list[dict[str, float]]:
+        return node_resources()
+
+    def _env_for(self, wanted: Sequence[Bundle]) -> dict[str, str]:
+        env = {k: v for k, v in self.env.items() if k != "VLLM_TARGET_DEVICE"}
+        if os.environ.get(SESSION_VAR):
+            env[SESSION_VAR] = os.environ[SESSION_VAR]
+        if len(wanted) > 1 and self.engine == "cpu":  # vLLM's Ray executor on CPU bundles
+            env.update({ENV_FLAG: "1", "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1",
+                        "OMP_NUM_THREADS": str(int(wanted[0].get("CPU", 1)))})
+        return env
+
+    def _release(self, server: RayServer) -> None:
+        with self._lock:
+            self._ports.discard((server.node_id, server.port))
+            self._active.pop(id(server), None)
+
+    def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
+               wanted: Sequence[Bundle], on_placed: Callable[[], None] = lambda: None) -> RayServer:
+        """Reserve the trial's group (waits while the cluster is full), then start the server
+        actor on bundle 0. `argv_for_port(host, port)` builds the argv once the port is known."""
+        group = placement_group([dict(b) for b in wanted], strategy="PACK")
+        ready_ref, deadline = group.ready(), time.monotonic() + self.placement_timeout_s
+        try:
+            ready: list = []
+            while not ready and not self._cancelled.is_set() and time.monotonic() < deadline:
+                ready, _ = ray.wait([ready_ref], timeout=1.0)
+        finally:
+            on_placed()
         if not ready:
             remove_placement_group(group)
-            raise ClusterError(f"placement group of {self.cpus_per_server} CPU not placed within "
-                               f"{self.placement_timeout_s:.0f} s")
+            if self._cancelled.is_set():
+                raise TrialError("interrupted", "the sweep stopped while the trial waited for placement")
+            raise TrialError("unplaceable", f"placement group {list(wanted)} not placed within "
+                             f"{self.placement_timeout_s:.0f} s")
         strategy = PlacementGroupSchedulingStrategy(
             group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
         actor = ServerActor.options(
-            num_cpus=self.cpus_per_server, scheduling_strategy=strategy,
-            runtime_env={"env_vars": dict(self.env)}).remote()
+            num_cpus=wanted[0].get("CPU", 0), scheduling_strategy=strategy,
+            runtime_env={"env_vars": self._env_for(wanted)}).remote()
         try:
-            info = ray.get(actor.prepare.remote(self.host), timeout=120)
-        except Exception:
+            with self._lock:
+                taken = [port for _, port in self._ports]
+            info = ray.get(actor.prepare.remote(self.host, taken), timeout=300)
+            with self._lock:
+                self._ports.add((info["node_id"], info["port"]))
+            placement = _bundle_nodes(group)
+        except BaseException:
             ray.kill(actor, no_restart=True)
             remove_placement_group(group)
             raise
-        argv = argv_for_port(self.host, info["port"])
-        ref = actor.serve.remote(argv, str(log_path))
-        return RayServer(actor=actor, group=group, serve_ref=ref,
-                         base_url=f"http://{self.host}:{info['port']}", node_ip=info["node_ip"],
-                         node_id=info["node_id"], pid=info["pid"])
+        host = self.host if self.host != "node" else info["node_ip"]
+        ref = actor.serve.remote(argv_for_port(host, info["port"]), str(log_path), self.engine)
+        server = RayServer(actor=actor, group=group, serve_ref=ref,
+                           base_url=f"http://{host}:{info['port']}", node_ip=info["node_ip"],
+                           node_id=info["node_id"], pid=info["pid"], port=info["port"],
+                           placement=placement, _on_stop=self._release)
+        with self._lock:
+            self._active[id(server)] = server
+        return server
+
+    def stop_all(self) -> None:
+        """Stop every server still running and every wait for placement (driver interrupted)."""
+        self._cancelled.set()
+        with self._lock:
+            servers = list(self._active.values())
+        for server in servers:
+            server.stop()
 
 
 @dataclass
@@ -207,23 +346,5 @@ class RaySession:
     def __exit__(self, *exc) -> None:
         ray.shutdown()
         if self._temp_dir:
-            _wait_for_ray_exit(self._temp_dir)
+            reap_session(os.environ.get(SESSION_VAR, ""), grace_s=20.0)
             shutil.rmtree(self._temp_dir, ignore_errors=True)
-
-
-def _wait_for_ray_exit(temp_dir: str, timeout_s: float = 20.0) -> None:
-    """After ray.shutdown of a local Ray: wait for (then kill) processes still using temp_dir."""
-    import psutil
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = [p for p in psutil.process_iter(["cmdline"])
-                if p.info["cmdline"] and any(temp_dir in a for a in p.info["cmdline"])]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass

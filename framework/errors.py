@@ -16,6 +16,9 @@ class ConfigError(SweepError):
         self.file, self.key, self.value, self.reason = file, key, value, reason
         super().__init__(f"{file}: {key}: {value!r}: {reason}")
 
+    def __reduce__(self):
+        return (ConfigError, (self.file, self.key, self.value, self.reason))
+
 
 class ClusterError(SweepError):
     """Ray could not be started or joined, or a trial's resources can never be placed."""
@@ -28,6 +31,9 @@ class TrialError(SweepError):
         self.reason, self.detail, self.log_tail = reason, detail, log_tail
         super().__init__(f"{reason}: {detail}")
 
+    def __reduce__(self):  # crosses Ray task boundaries
+        return (TrialError, (self.reason, self.detail, self.log_tail))
+
 
 FAIL_REASONS = (
     "invalid_args",      # vLLM rejected the arguments
@@ -35,6 +41,8 @@ FAIL_REASONS = (
     "startup_timeout",   # not ready by the deadline
     "server_died",       # the server exited during the load
     "load_failed",       # every request of the measured run failed
+    "node_lost",         # a node holding one of the trial's bundles died
+    "unplaceable",       # the trial's placement group can never fit the cluster
     "interrupted",       # the driver stopped (Ctrl-C, SIGTERM, kill -9 then resume)
     "internal",          # a bug in vllm-sweep; the message says where
 )

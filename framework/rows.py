@@ -14,6 +14,7 @@ from framework import __version__
 from framework.metrics import metric_names
 from framework.objective import Verdict, error_rate
 from framework.search_space import BoolParam, CategoricalParam, FloatParam, IntParam, SearchSpace
+from framework.server_metrics import SERVER_METRIC_COLUMNS
 from framework.specs import Scalar
 from framework.trial import TrialOutcome
 
@@ -59,11 +60,14 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float]) -> list[tupl
     columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
     columns += [("vllm_argv", "list<str>"), ("serve_command", "str")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
+    columns += list(SERVER_METRIC_COLUMNS)
     columns += [
         ("request_goodput", "float"), ("error_rate", "float"), ("feasible", "bool"),
         ("sla_violations", "str"), ("objective", "float"), ("vllm_version", "str"),
         ("vllm_sweep_version", "str"), ("schema_version", "int"), ("started_at", "timestamp"),
         ("startup_s", "float"), ("bench_s", "float"), ("trial_s", "float"), ("node_ip", "str"),
+        ("placement", "list<str>"), ("node_count", "int"), ("placement_wait_s", "float"),
+        ("launch_s", "float"), ("warmup_s", "float"),
         ("server_log", "str"), ("log_tail", "str"),
     ]
     return columns
@@ -101,6 +105,11 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         "bench_s": outcome.bench_s,
         "trial_s": outcome.trial_s,
         "node_ip": outcome.node_ip or None,
+        "placement": list(outcome.placement),
+        "node_count": len(set(outcome.placement)) or None,
+        "placement_wait_s": outcome.placement_wait_s,
+        "launch_s": outcome.launch_s,
+        "warmup_s": outcome.warmup_s,
         "server_log": ctx.server_log,
         "log_tail": outcome.log_tail or None,
     })
@@ -109,6 +118,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
     for key, value in outcome.metrics.items():
         if key in row:
             row[key] = value
+    row.update({k: outcome.server_metrics.get(k) for k, _ in SERVER_METRIC_COLUMNS})
     if outcome.metrics:
         row["error_rate"] = error_rate(outcome.metrics)
     if verdict is not None:

@@ -40,11 +40,15 @@ class _Spec(BaseModel):
 
 
 class ServerSpec(_Spec):
-    """Fixed vLLM flags (same for every trial) and how a server is started."""
+    """Fixed vLLM flags (same for every trial) and how a server is started.
+
+    `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
+    own IP on a joined cluster; `node` = always the node's IP; or a literal address.
+    """
 
     args: dict[str, Scalar] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    host: str = "127.0.0.1"
+    host: str = "auto"
     startup_timeout_s: float = Field(default=300.0, gt=0)
 
     @field_validator("args")
@@ -58,9 +62,24 @@ class ServerSpec(_Spec):
 
 
 class WorkloadSpec(_Spec):
-    """What the load generator sends. Mirrors `vllm bench serve` flags of the same names."""
+    """What the load generator sends. Mirrors `vllm bench serve` flags of the same names.
 
-    dataset: Literal["random"] = "random"
+    dataset: `random` (input_len, output_len, range_ratio), `sharegpt` (dataset_path, a
+    ShareGPT JSON/JSONL file; optional min/max_prompt_tokens, inclusive) or `prefix-shared`
+    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len).
+    endpoint: `completions` (/v1/completions) or `chat` (/v1/chat/completions).
+    duration_s: stop sending new requests after this many seconds (requests in flight
+    finish); the run also ends when num_prompts have been sent.
+    """
+
+    dataset: Literal["random", "sharegpt", "prefix-shared"] = "random"
+    dataset_path: Path | None = None
+    min_prompt_tokens: int | None = Field(default=None, gt=0)
+    max_prompt_tokens: int | None = Field(default=None, gt=0)
+    prefix_groups: int = Field(default=4, gt=0)
+    prefix_len: int = Field(default=64, gt=0)
+    endpoint: Literal["completions", "chat"] = "completions"
+    duration_s: float | None = Field(default=None, gt=0)
     num_prompts: int = Field(default=200, gt=0)
     input_len: int = Field(default=128, gt=0)
     output_len: int = Field(default=64, gt=0)
@@ -81,6 +100,30 @@ class WorkloadSpec(_Spec):
             if not 0 < p <= 100:
                 raise ValueError(f"percentile {p} is outside (0, 100]")
         return values
+
+    @field_validator("dataset_path", "min_prompt_tokens", "max_prompt_tokens", "prefix_groups",
+                     "prefix_len")
+    @classmethod
+    def _for_its_dataset(cls, value: Any, info: Any) -> Any:  # info: pydantic.ValidationInfo
+        dataset = info.data.get("dataset")
+        wanted = "prefix-shared" if info.field_name.startswith("prefix") else "sharegpt"
+        if dataset is not None and dataset != wanted:
+            raise ValueError(f"applies to dataset {wanted} only, not to dataset {dataset}")
+        if info.field_name == "dataset_path" and not Path(value).is_file():
+            raise ValueError("file not found (a ShareGPT JSON or JSONL file)")
+        low = info.data.get("min_prompt_tokens")
+        if info.field_name == "max_prompt_tokens" and low is not None and value < low:
+            raise ValueError(f"max_prompt_tokens {value} < min_prompt_tokens {low}")
+        return value
+
+    @model_validator(mode="after")
+    def _dataset_complete(self) -> WorkloadSpec:
+        if self.dataset == "sharegpt" and self.dataset_path is None:
+            raise ValueError("dataset sharegpt needs dataset_path (a ShareGPT JSON or JSONL file)")
+        if self.dataset == "prefix-shared" and self.prefix_len >= self.input_len:
+            raise ValueError(f"prefix_len {self.prefix_len} must be < input_len {self.input_len} "
+                             "(each prompt needs a suffix of its own)")
+        return self
 
 
 class ObjectiveSpec(_Spec):
@@ -113,18 +156,25 @@ class SearchSpec(_Spec):
 
 
 class ClusterSpec(_Spec):
-    """Where trials run. `address: null` starts a private local Ray for the sweep."""
+    """Where trials run. `address: null` (and no RAY_ADDRESS) starts a private local Ray.
+
+    `max_concurrent_trials: null` runs as many trials side by side as the cluster can place,
+    except on the CPU engine, where it means 1: CPU trials share the same cores and would
+    distort each other's measurements. `cpus_per_worker`: CPUs of each CPU-engine bundle.
+    """
 
     address: str | None = None
     num_cpus: int | None = Field(default=None, gt=0)
-    cpus_per_server: int = Field(default=1, gt=0)
+    cpus_per_worker: int = Field(default=1, gt=0)
+    max_concurrent_trials: int | None = Field(default=None, gt=0)
+    retry_node_lost: bool = False  # run a trial whose node died once more, as a new trial
 
 
 class SweepSpec(_Spec):
     name: str
     model: Path
     search_space: Path
-    engine: Literal["cpu", "gpu"] = "cpu"
+    engine: Literal["cpu", "gpu", "fake"] = "cpu"  # fake: FakeEngine, for scheduling tests
     server: ServerSpec = ServerSpec()
     workload: WorkloadSpec = WorkloadSpec()
     objective: ObjectiveSpec = ObjectiveSpec()
@@ -132,6 +182,13 @@ class SweepSpec(_Spec):
     search: SearchSpec = SearchSpec()
     cluster: ClusterSpec = ClusterSpec()
     results_dir: Path = Path("results")
+
+    @property
+    def concurrent_trials(self) -> int | None:
+        """The cap on trials side by side (None = as many as the cluster can place)."""
+        if self.cluster.max_concurrent_trials is not None:
+            return self.cluster.max_concurrent_trials
+        return 1 if self.engine == "cpu" else None
 
     @field_validator("name")
     @classmethod
@@ -171,18 +228,34 @@ def first_error(exc: ValidationError) -> tuple[str, Any, str]:
     return key, err.get("input"), msg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Parse a YAML mapping; syntax errors and non-mappings become ConfigError."""
+    """Parse a YAML mapping; syntax errors, repeated keys and non-mappings become ConfigError."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(str(path), "(file)", str(path), exc.strerror or str(exc)) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(yaml)"
-        raise ConfigError(str(path), where, None, f"YAML syntax error: "
+        lines = text.splitlines()
+        source = lines[mark.line].strip() if mark and mark.line < len(lines) else None
+        raise ConfigError(str(path), where, source, f"YAML syntax error: "
                           f"{getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(str(path), "(top level)", type(data).__name__, "expected a mapping")

@@ -1,33 +1,21 @@
-"""One sweep: specs + search space -> Optuna loop over real trials -> Parquet rows -> summary.
-
-Order per trial: ask Optuna -> run the trial (start, warm up, measure, stop) -> write request
-rows, then the trial row -> tell Optuna. Rows are keyed by trial number, so a resumed sweep
-rewrites rather than duplicates; a driver killed between writing and telling leaves a RUNNING
-trial that the next run closes as FAIL(interrupted).
-"""
+"""A validated sweep: its spec, its search space, the servers' environment and the load plan."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from rich.console import Console
-
 from framework.errors import ConfigError
-from framework.objective import evaluate, goodput_slo_ms
-from framework.report import Progress, print_summary
-from framework.rows import REQUEST_COLUMNS, TrialContext, request_rows, trial_columns, trial_row
-from framework.search_space import SearchSpace, load_search_space
-from framework.server_args import merge_flags, serve_command, server_argv
+from framework.objective import goodput_slo_ms
+from framework.flag_check import installed_vllm_flags, unknown_flag
+from framework.model_info import read_model_info
+from framework.search_space import CategoricalParam, IntParam, SearchSpace, load_search_space
 from framework.specs import SweepSpec, load_sweep
 from framework.store import ResultStore
-from framework.trial import LoadPlan, ServerLauncher, TrialOutcome, run_trial
-from framework.tuner import Evaluation, Proposal, Tuner
-from framework.workload import arrival_offsets, load_tokenizer, random_requests
+from framework.trial import LoadPlan
+from framework.workload import Dataset, arrival_offsets, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -43,8 +31,9 @@ class Sweep:
         return ResultStore(self.spec.results_dir, self.spec.name)
 
 
-def load(path: Path) -> Sweep:
-    """Load and cross-check a sweep and its search space (ConfigError on any problem)."""
+def load(path: Path, check_flags: bool = True) -> Sweep:
+    """Load and cross-check a sweep and its search space (ConfigError on any problem): files,
+    model facts (TP divides the heads), and flag names against the installed vLLM."""
     spec = load_sweep(path)
     if not spec.search_space.is_file():
         raise ConfigError(str(path), "search_space", str(spec.search_space), "file not found")
@@ -59,7 +48,41 @@ def load(path: Path) -> Sweep:
         if name in ("model", "host", "port"):
             raise ConfigError(str(spec.search_space), f"parameters.{name}", name,
                               "set by vllm-sweep, cannot be searched")
+    _check_tensor_parallel(path, spec, space)
+    if check_flags and spec.engine != "fake":
+        _check_vllm_flags(path, spec, space)
     return Sweep(path=path, spec=spec, space=space)
+
+
+def _tp_values(space: SearchSpace) -> list[int]:
+    param = space.parameters.get("tensor-parallel-size")
+    if isinstance(param, CategoricalParam):
+        return [int(c) for c in param.choices]
+    if isinstance(param, IntParam):
+        return list(range(param.low, param.high + 1, param.step))
+    return []
+
+
+def _check_tensor_parallel(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
+    """Every TP value the sweep can use must shard the model's attention and KV heads."""
+    info = read_model_info(spec.model, str(path))
+    fixed = spec.server.args.get("tensor-parallel-size")
+    if fixed is not None and (problem := info.tp_problem(int(fixed))):
+        raise ConfigError(str(path), "server.args.tensor-parallel-size", fixed, problem)
+    for tp in _tp_values(space):
+        if problem := info.tp_problem(tp):
+            raise ConfigError(str(spec.search_space), "parameters.tensor-parallel-size", tp, problem)
+
+
+def _check_vllm_flags(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
+    """Fixed args and searched parameters must be flags of the installed vLLM."""
+    known = installed_vllm_flags()
+    if known is None:
+        return
+    if bad := unknown_flag(spec.server.args, known):
+        raise ConfigError(str(path), f"server.args.{bad[0]}", bad[0], bad[1])
+    if bad := unknown_flag(space.parameters, known):
+        raise ConfigError(str(spec.search_space), f"parameters.{bad[0]}", bad[0], bad[1])
 
 
 def server_env(spec: SweepSpec) -> dict[str, str]:
@@ -77,102 +100,25 @@ def server_env(spec: SweepSpec) -> dict[str, str]:
 
 
 def load_plan(spec: SweepSpec) -> LoadPlan:
+    """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
+    `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs."""
     w = spec.workload
     tok = load_tokenizer(spec.model)
-    measured = random_requests(tok, w.num_prompts, w.input_len, w.output_len, w.seed, w.range_ratio)
-    warmup = random_requests(tok, w.warmup_requests, w.input_len, w.output_len, w.seed + 1,
-                             w.range_ratio) if w.warmup_requests else []
+    dataset = Dataset(name=w.dataset, input_len=w.input_len, output_len=w.output_len,
+                      range_ratio=w.range_ratio, path=w.dataset_path,
+                      min_prompt_tokens=w.min_prompt_tokens, max_prompt_tokens=w.max_prompt_tokens,
+                      prefix_len=w.prefix_len, prefix_groups=w.prefix_groups)
+    try:
+        measured = dataset.requests(tok, w.num_prompts, w.seed)
+        warmup = dataset.requests(tok, w.warmup_requests, w.seed + 1) if w.warmup_requests else []
+    except ValueError as exc:
+        raise ConfigError(str(w.dataset_path or "workload"), "workload.dataset", w.dataset,
+                          str(exc)) from None
     arrivals = None if math.isinf(w.request_rate) else arrival_offsets(
         w.num_prompts, w.request_rate, w.burstiness, w.seed)
     return LoadPlan(model=str(spec.model), warmup=warmup, measured=measured, arrivals=arrivals,
                     max_concurrency=w.max_concurrency, ignore_eos=w.ignore_eos,
                     request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
                     goodput_slo_ms=goodput_slo_ms(spec.sla),
-                    startup_timeout_s=spec.server.startup_timeout_s)
-
-
-def _vllm_version() -> str:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-class Runner:
-    """Runs the trials of one sweep against a launcher and records them."""
-
-    def __init__(self, sweep: Sweep, launcher: ServerLauncher, console: Console) -> None:
-        self.sweep, self.launcher, self.console = sweep, launcher, console
-        self.spec = sweep.spec
-        self.store = sweep.store
-        self.columns = trial_columns(sweep.space, self.spec.workload.percentiles)
-        self.vllm_version = _vllm_version()
-        self.tuner = Tuner(self.store.journal_path, self.spec.name, sweep.space,
-                           self.spec.objective.direction == "maximize", self.spec.search.sampler,
-                           self.spec.search.seed, self.spec.search.effective_startup_trials)
-
-    def _record(self, p: Proposal, flags: dict, outcome: TrialOutcome) -> dict:
-        verdict = (evaluate(outcome.metrics, self.spec.sla, self.spec.objective.metric)
-                   if outcome.ok else None)
-        ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
-                           serve_command=serve_command(str(self.spec.model), flags),
-                           vllm_version=self.vllm_version,
-                           server_log=str(self.store.log_path(p.number)))
-        row = trial_row(ctx, outcome, verdict, self.columns)
-        self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
-        self.store.write_trial(row, self.columns)
-        self.tuner.tell(p, Evaluation(objective=verdict.objective if verdict else None,
-                                      constraints=verdict.constraints if verdict else {},
-                                      fail_reason=outcome.fail_reason))
-        return row
-
-    def _record_interrupted(self, number: int, params: dict, is_baseline: bool, argv=()) -> None:
-        outcome = TrialOutcome(started_at=datetime.now(timezone.utc), argv=tuple(argv),
-                               fail_reason="interrupted", fail_detail="the driver stopped mid-trial")
-        ctx = TrialContext(number=number, params=params, is_baseline=is_baseline, serve_command="",
-                           vllm_version=self.vllm_version, server_log=str(self.store.log_path(number)))
-        self.store.write_requests(number, [], REQUEST_COLUMNS)
-        self.store.write_trial(trial_row(ctx, outcome, None, self.columns), self.columns)
-
-    def run(self, target: int) -> None:
-        """Run trials until the study holds `target` finished trials."""
-        spec = self.spec
-        for number in self.tuner.close_interrupted():
-            t = self.tuner.study.trials[number]
-            self._record_interrupted(number, dict(t.params), bool(t.user_attrs.get("baseline")))
-            self.console.print(f"trial {number} was interrupted by an earlier run: recorded as "
-                               "FAIL(interrupted)")
-        if spec.search.baseline:
-            self.tuner.enqueue_baseline(self.sweep.space.defaults())
-        done = self.tuner.finished()
-        if done >= target:
-            self.console.print(f"study '{spec.name}' already holds {done} finished trials "
-                               f"(target {target}); nothing to run. Use --add-trials N to extend.")
-            return
-        plan = load_plan(spec)
-        progress = Progress(self.console, target, spec.objective.metric,
-                            spec.objective.direction == "maximize")
-        ttft_key = next((k for k in spec.sla if "ttft" in k), "p99_ttft_ms")
-        tpot_key = next((k for k in spec.sla if "tpot" in k), "p99_tpot_ms")
-        while done < target:
-            p = self.tuner.ask()
-            flags = merge_flags(spec.server.args, {} if p.is_baseline else p.params)
-            progress.trial_started(p.number, done, p.params, p.is_baseline)
-            try:
-                outcome = run_trial(
-                    self.launcher,
-                    lambda host, port, f=flags: server_argv(str(spec.model), f, host, port),
-                    plan, self.store.log_path(p.number),
-                    phase=lambda text, n=p.number: progress.phase(n, text))
-            except BaseException:
-                self._record_interrupted(p.number, p.params, p.is_baseline)
-                self.tuner.fail(p, "interrupted")
-                raise
-            row = self._record(p, flags, outcome)
-            progress.trial_finished(row, ttft_key, tpot_key)
-            done += 1
-
-    def summary(self) -> None:
-        spec = self.spec
-        print_summary(self.console, self.store.read_trials(), list(self.sweep.space.parameters),
-                      spec.objective.metric, spec.objective.direction == "maximize", spec.sla)
+                    startup_timeout_s=spec.server.startup_timeout_s, endpoint=w.endpoint,
+                    duration_s=w.duration_s)

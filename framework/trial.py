@@ -19,12 +19,14 @@ from framework.engine import log_tail
 from framework.errors import TrialError
 from framework.loadgen import LoadResult, RequestRecord, run_load, wait_ready
 from framework.metrics import compute_metrics
+from framework.server_metrics import MetricsSampler, summarize
 from framework.workload import RequestSpec
 
 
 class ServerHandle(Protocol):
     base_url: str
     node_ip: str
+    placement: tuple[str, ...]  # node IP of each placement-group bundle
 
     def is_alive(self) -> bool: ...
 
@@ -34,7 +36,9 @@ class ServerHandle(Protocol):
 
 
 class ServerLauncher(Protocol):
-    def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path) -> ServerHandle: ...
+    def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
+               wanted: Sequence[dict[str, float]],
+               on_placed: Callable[[], None] = lambda: None) -> ServerHandle: ...
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class LoadPlan:
     percentiles: Sequence[float]
     goodput_slo_ms: dict[str, float]
     startup_timeout_s: float
+    endpoint: str = "completions"
+    duration_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,15 @@ class TrialOutcome:
     started_at: datetime
     argv: tuple[str, ...]
     node_ip: str = ""
+    placement: tuple[str, ...] = ()
+    placement_wait_s: float | None = None
+    launch_s: float | None = None
     startup_s: float | None = None
+    warmup_s: float | None = None
     bench_s: float | None = None
     trial_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    server_metrics: dict[str, float | None] = field(default_factory=dict)
     records: tuple[RequestRecord, ...] = ()
     load_start_s: float = 0.0
     fail_reason: str | None = None
@@ -87,38 +98,63 @@ def _await_ready(server: ServerHandle, timeout_s: float) -> None:
     raise TrialError("startup_timeout", f"not ready within {timeout_s:.0f} s")
 
 
+def _check_still_serving(server: ServerHandle, grace_s: float = 60.0) -> None:
+    """After the load: a server that stopped answering /health died (or lost its node) during
+    the run; wait for its actor's fate so the failure gets the right reason."""
+    if server.is_alive() and asyncio.run(wait_ready(server.base_url, 3.0, is_alive=server.is_alive)):
+        return
+    deadline = time.monotonic() + grace_s
+    while server.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    raise server.failure() or TrialError("server_died", "server stopped answering during the load")
+
+
 def _load(server: ServerHandle, plan: LoadPlan, requests: Sequence[RequestSpec],
           arrivals: Sequence[float] | None,
-          on_done: Callable[[RequestRecord], None] | None) -> LoadResult:
+          on_done: Callable[[RequestRecord], None] | None,
+          duration_s: float | None = None) -> LoadResult:
     return asyncio.run(run_load(
         server.base_url, plan.model, requests, arrivals=arrivals,
         max_concurrency=plan.max_concurrency, ignore_eos=plan.ignore_eos,
-        timeout_s=plan.request_timeout_s, on_done=on_done))
+        timeout_s=plan.request_timeout_s, on_done=on_done, endpoint=plan.endpoint,
+        duration_s=duration_s))
 
 
 def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list[str]],
-              plan: LoadPlan, log_path: Path, phase: Phase = lambda _: None,
+              plan: LoadPlan, log_path: Path, wanted: Sequence[dict[str, float]],
+              phase: Phase = lambda _: None, on_placed: Callable[[], None] = lambda: None,
               clock: Callable[[], float] = time.monotonic) -> TrialOutcome:
     """Run one trial; every failure comes back as `fail_reason` with the server log tail."""
     started_at = datetime.now(timezone.utc)
     t0 = clock()
     argv: list[str] = []
     server: ServerHandle | None = None
-    startup_s = bench_s = None
+    startup_s = bench_s = placement_wait_s = launch_s = warmup_s = None
+    result: LoadResult | None = None
     ready = False
     try:
         def remember(host: str, port: int) -> list[str]:
             argv.extend(argv_for_port(host, port))
             return argv
 
-        phase("starting server")
-        server = launcher.launch(remember, log_path)
+        def placed() -> None:
+            nonlocal placement_wait_s
+            placement_wait_s = clock() - t0
+            on_placed()
+
+        phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1 else "starting server")
+        server = launcher.launch(remember, log_path, wanted, placed)
+        launch_s = clock() - t0
+        if len(wanted) > 1:
+            phase(f"starting server on {', '.join(server.placement)}")
         _await_ready(server, plan.startup_timeout_s)
         ready = True
         startup_s = clock() - t0
         if plan.warmup:
             phase(f"warming up ({len(plan.warmup)} requests)")
+            t_warm = clock()
             _load(server, plan, plan.warmup, None, None)
+            warmup_s = clock() - t_warm
         done = 0
 
         def progress(_: RequestRecord) -> None:
@@ -129,10 +165,13 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
 
         phase(f"under load: 0/{len(plan.measured)} requests")
         t_load = clock()
-        result = _load(server, plan, plan.measured, plan.arrivals, progress)
+        sampler = MetricsSampler(server.base_url).start()
+        try:
+            result = _load(server, plan, plan.measured, plan.arrivals, progress, plan.duration_s)
+        finally:
+            sampled = sampler.stop()
         bench_s = clock() - t_load
-        if not server.is_alive():
-            raise server.failure() or TrialError("server_died", "server exited during the load")
+        _check_still_serving(server)
         metrics = compute_metrics(result.records, result.duration_s, plan.percentiles,
                                   plan.goodput_slo_ms or None)
         if metrics["completed"] == 0:
@@ -141,16 +180,24 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         phase("stopping")
         left = server.stop()
         return TrialOutcome(started_at=started_at, argv=tuple(argv), node_ip=server.node_ip,
-                            startup_s=startup_s, bench_s=bench_s, trial_s=clock() - t0,
-                            metrics=metrics, records=result.records,
+                            placement=server.placement, placement_wait_s=placement_wait_s,
+                            launch_s=launch_s, startup_s=startup_s, warmup_s=warmup_s,
+                            bench_s=bench_s, trial_s=clock() - t0,
+                            metrics=metrics, server_metrics=summarize(sampled.samples),
+                            records=result.records,
                             load_start_s=result.start_s, leftover_pids=tuple(left))
     except TrialError as exc:
         reason = "server_died" if ready and exc.reason == "startup_crash" else exc.reason
         left = server.stop() if server is not None else []
         return TrialOutcome(started_at=started_at, argv=tuple(argv),
-                            node_ip=server.node_ip if server else "", startup_s=startup_s,
+                            node_ip=server.node_ip if server else "",
+                            placement=server.placement if server else (),
+                            placement_wait_s=placement_wait_s, launch_s=launch_s,
+                            startup_s=startup_s, warmup_s=warmup_s,
                             bench_s=bench_s, trial_s=clock() - t0, fail_reason=reason,
                             fail_detail=exc.detail, log_tail=log_tail(log_path),
+                            records=result.records if result else (),
+                            load_start_s=result.start_s if result else 0.0,
                             leftover_pids=tuple(left))
     except BaseException:
         if server is not None:

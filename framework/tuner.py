@@ -29,6 +29,7 @@ from framework.specs import Scalar
 
 BASELINE_ATTR = "baseline"
 FAIL_REASON_ATTR = "fail_reason"
+RETRY_OF_ATTR = "retry_of"
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -61,6 +62,7 @@ class Proposal:
     params: dict[str, Scalar]
     is_baseline: bool
     trial: optuna.trial.Trial
+    retry_of: int | None = None
 
 
 class Tuner:
@@ -100,10 +102,16 @@ class Tuner:
         self.study.enqueue_trial(dict(defaults), user_attrs={BASELINE_ATTR: True})
         return True
 
+    def enqueue_retry(self, proposal: Proposal) -> None:
+        """Queue the same configuration again (after an infrastructure failure)."""
+        self.study.enqueue_trial(dict(proposal.params), user_attrs={
+            BASELINE_ATTR: proposal.is_baseline, RETRY_OF_ATTR: proposal.number})
+
     def ask(self) -> Proposal:
         trial = self.study.ask(fixed_distributions=self._dists)
         return Proposal(number=trial.number, params=dict(trial.params),
-                        is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR)), trial=trial)
+                        is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR)), trial=trial,
+                        retry_of=trial.user_attrs.get(RETRY_OF_ATTR))
 
     def tell(self, proposal: Proposal, ev: Evaluation) -> None:
         trial = proposal.trial

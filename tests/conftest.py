@@ -6,6 +6,7 @@ afterwards with psutil: that finds the sweep's Ray and vLLM processes (and only 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -82,3 +83,53 @@ def new_marker() -> str:
 def run_cli(args: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def emulated_cluster(tmp: Path, nodes: list[dict]):
+    """A Ray cluster of several nodes on this machine (ray.cluster_utils; `nodes[0]` is the
+    head, later ones should set distinct `node_ip_address`es like 127.0.0.2). Every process is
+    tagged with a fresh marker; yields (cluster, gcs address, marker) and, on exit, shuts the
+    cluster down and asserts none of its processes is left."""
+    from ray.cluster_utils import Cluster
+
+    marker = new_marker()
+    saved = {k: os.environ.get(k) for k in (MARKER_VAR, "RAY_TMPDIR", "VLLM_TARGET_DEVICE")}
+    os.environ[MARKER_VAR] = marker
+    os.environ["RAY_TMPDIR"] = str(tmp)  # Ray's address file and sessions stay in here
+    os.environ.pop("VLLM_TARGET_DEVICE", None)  # it would bypass vLLM platform plugins
+    cluster = Cluster(shutdown_at_exit=True)
+    try:
+        cluster.add_node(include_dashboard=False, **nodes[0])
+        for node in nodes[1:]:
+            cluster.add_node(**node)
+        cluster.wait_for_nodes(timeout=120)
+        yield cluster, cluster.address, marker
+    finally:
+        cluster.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        left = wait_no_marked_processes(marker)
+    assert left == [], left
+
+
+def joined_cli_env(marker: str, tmp: Path) -> dict[str, str]:
+    """cli_env for a sweep that joins a cluster through `cluster.address` (no RAY_ADDRESS)."""
+    env = cli_env(marker, tmp)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def read_until(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
+    """Read a child's stdout lines until `text` appears (or EOF, or the deadline)."""
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while text not in seen and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    return seen

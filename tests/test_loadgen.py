@@ -1,4 +1,4 @@
-"""run_load against FakeSSEServer, a local aiohttp stand-in for vLLM's streaming API.
+"""run_load against FakeSSEServer, a local aiohttp stand-in for vLLM's streaming APIs.
 
 FakeSSEServer only serves canned SSE streams so that parsing, failure handling,
 timeouts and concurrency limits can be tested without a model server.
@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from framework.loadgen import LoadResult, RequestRecord, run_load, wait_ready
+from framework.loadgen import (
+    LoadResult,
+    RequestRecord,
+    SSEState,
+    run_load,
+    wait_ready,
+)
 from framework.metrics import max_in_flight
 from framework.workload import RequestSpec
 
@@ -41,11 +47,19 @@ def usage(prompt_tokens: int, completion_tokens: int) -> bytes:
 
 
 DONE = sse("[DONE]")
+COMMON_PAYLOAD = {"model": "tiny", "ignore_eos": True, "stream": True,
+                  "stream_options": {"include_usage": True}, "temperature": 0}
 Leave = Callable[[], None]
 
 
+def chat_delta(delta: dict[str, str]) -> bytes:
+    return sse({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+
+
 class FakeSSEServer:
-    """aiohttp server on 127.0.0.1 (free port) answering /v1/completions by prompt name.
+    """aiohttp server on 127.0.0.1 (free port) answering /v1/completions and
+    /v1/chat/completions by prompt name (the first message's content for chat).
 
     Counts requests in flight and keeps every JSON body. A scenario may call ``leave``
     before its final write, so that the count never exceeds what the client has in flight.
@@ -62,6 +76,7 @@ class FakeSSEServer:
     async def __aenter__(self) -> FakeSSEServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.completions)
         app.router.add_get("/health", self.health)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -82,7 +97,8 @@ class FakeSSEServer:
         payload = await request.json()
         self.payloads.append(payload)
         self.client_ports.append(request.transport.get_extra_info("peername")[1])
-        scenario = SCENARIOS[payload["prompt"]]
+        prompt = payload["prompt"] if "prompt" in payload else payload["messages"][0]["content"]
+        scenario = SCENARIOS[prompt]
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         left = False
@@ -164,6 +180,16 @@ async def slow_ok(request: web.Request, leave: Leave) -> web.StreamResponse:
     return resp
 
 
+async def chat_normal(request: web.Request, leave: Leave) -> web.StreamResponse:
+    """vLLM's chat stream: a role-only delta, content deltas (one carrying 2 tokens), usage."""
+    resp = await start_stream(request)
+    await resp.write(chat_delta({"role": "assistant", "content": ""}))
+    await resp.write(chat_delta({"content": "a"}))
+    await asyncio.sleep(0.01)
+    await resp.write(chat_delta({"content": "bc"}) + usage(9, 3) + DONE)
+    return resp
+
+
 Scenario = Callable[[web.Request, Leave], Awaitable[web.StreamResponse]]
 SCENARIOS: dict[str, Scenario] = {
     "normal": normal,
@@ -173,6 +199,7 @@ SCENARIOS: dict[str, Scenario] = {
     "http_500": http_500,
     "stalls": stalls,
     "slow_ok": slow_ok,
+    "chat_normal": chat_normal,
 }
 
 
@@ -219,17 +246,7 @@ def test_normal_stream_with_deterministic_clock() -> None:
     assert record.itl_s == (1.0, 1.0)
     assert (result.start_s, result.end_s, result.duration_s) == (0.0, 5.0, 5.0)
     assert done == list(result.records)
-    assert server.payloads == [
-        {
-            "model": "tiny",
-            "prompt": "normal",
-            "max_tokens": 4,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": 0,
-        }
-    ]
+    assert server.payloads == [{**COMMON_PAYLOAD, "prompt": "normal", "max_tokens": 4}]
 
 
 @pytest.mark.timeout(60)
@@ -242,8 +259,9 @@ def test_normal_stream_with_deterministic_clock() -> None:
         ("http_500", "HTTP 500"),
     ],
 )
-def test_failures_are_records(prompt: str, error_part: str) -> None:
-    result, _ = asyncio.run(run_against_server(["normal", prompt, "normal"]))
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_failures_are_records(prompt: str, error_part: str, endpoint: str) -> None:
+    result, _ = asyncio.run(run_against_server(["normal", prompt, "normal"], endpoint=endpoint))
     first, failure, last = result.records
     assert first.success and last.success
     assert not failure.success
@@ -322,3 +340,102 @@ def test_wait_ready() -> None:
         return ready, dead, never
 
     assert asyncio.run(scenario()) == (True, False, False)
+
+
+@pytest.mark.timeout(60)
+def test_chat_stream_with_deterministic_clock() -> None:
+    result, server = asyncio.run(
+        run_against_server(["chat_normal"], clock=counter_clock(), endpoint="chat")
+    )
+    # clock calls: run start 0, send 1, role chunk 2, content chunks 3 4, run end 5.
+    # The role-only first delta counts as a chunk, as vllm bench's openai-chat client counts it.
+    (record,) = result.records
+    assert record.success, record.error
+    assert (record.ttft_s, record.chunk_s, record.end_s) == (1.0, (2.0, 3.0, 4.0), 4.0)
+    assert (record.prompt_tokens, record.output_tokens) == (9, 3)
+    assert server.payloads == [{
+        **COMMON_PAYLOAD,
+        "messages": [{"role": "user", "content": "chat_normal"}],
+        "max_completion_tokens": 4,
+    }]
+
+
+@pytest.mark.timeout(60)
+def test_unknown_endpoint_is_rejected() -> None:
+    with pytest.raises(ValueError, match="endpoint"):
+        asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], endpoint="embeddings"))
+
+
+@pytest.mark.timeout(60)
+def test_duration_bound_stops_sending_and_lets_in_flight_finish() -> None:
+    # one slot, each request holds it ~0.1 s: within 0.35 s about 4 are sent, the rest are not
+    done: list[RequestRecord] = []
+    result, server = asyncio.run(
+        run_against_server(["slow_ok"] * 20, max_concurrency=1, duration_s=0.35,
+                           on_done=done.append)
+    )
+    sent = len(result.records)
+    assert 2 <= sent <= 5
+    assert result.not_sent == 20 - sent == 20 - len(server.payloads)
+    assert all(r.success for r in result.records)  # the last one started in time and finished
+    assert [r.index for r in result.records] == list(range(sent))
+    assert done == list(result.records)
+    assert result.duration_s >= 0.35
+
+
+@pytest.mark.timeout(60)
+def test_duration_bound_skips_late_arrivals() -> None:
+    result, server = asyncio.run(
+        run_against_server(["normal"] * 3, arrivals=[0.0, 0.1, 5.0], duration_s=0.5)
+    )
+    assert [r.index for r in result.records] == [0, 1]
+    assert result.not_sent == 1 and len(server.payloads) == 2
+    assert result.duration_s < 2.0  # did not wait for the arrival at 5 s
+
+
+@pytest.mark.timeout(60)
+def test_rejects_non_positive_duration() -> None:
+    with pytest.raises(ValueError, match="duration_s"):
+        asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], duration_s=0.0))
+
+
+# --- the pure SSE parser, fed in arbitrary pieces --------------------------------------------
+
+def pieces(data: bytes, cut: int) -> list[bytes]:
+    """``data`` cut at ``cut`` and in 7-byte pieces after it (covers splits anywhere)."""
+    return [data[:cut]] + [data[i:i + 7] for i in range(cut, len(data), 7)]
+
+
+SSE_BODY = (b": ping\r\n\r\n" + content("a") + b"event: x\n" + content("b\\nc") +
+            b'data: {"choices": [{"text": "spaced"}]}\n\n' + usage(7, 4) + DONE + content("late"))
+
+
+@pytest.mark.parametrize("cut", range(0, len(SSE_BODY) + 1, 5))
+def test_sse_state_is_indifferent_to_splits(cut: int) -> None:
+    state = SSEState(counter_clock())
+    for piece in pieces(SSE_BODY, cut):
+        state.feed(piece)
+    state.end()
+    # three content chunks (one JSON-parsed: not in vLLM's compact form), then usage, [DONE]
+    assert state.chunks == [0.0, 1.0, 2.0]
+    assert (state.prompt_tokens, state.output_tokens, state.usage_seen) == (7, 4, True)
+    assert state.done and state.error == ""
+
+
+def test_sse_state_fast_path_matches_parsing() -> None:
+    # a content chunk whose text holds the marks' words, and one with usage on it
+    tricky = content('say "usage" and "error"') + sse(
+        {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    state = SSEState(counter_clock())
+    state.feed(tricky + b"data: {bad json")
+    assert state.chunks == [0.0, 1.0] and state.output_tokens == 2
+    with pytest.raises(ValueError):
+        state.end()  # the unterminated, malformed last line is parsed and fails
+
+
+def test_sse_state_error_event() -> None:
+    state = SSEState(counter_clock())
+    state.feed(content("a") + sse({"error": {"message": "boom", "type": "BadRequest"}}) +
+               content("b"))
+    assert state.done and state.chunks == [0.0]
+    assert state.error == "server error in stream (BadRequest): boom"

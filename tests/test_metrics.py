@@ -6,6 +6,7 @@ import pytest
 
 from framework.loadgen import RequestRecord
 from framework.metrics import compute_metrics, max_in_flight, metric_names, percentile_key
+from framework.objective import goodput_slo_ms
 
 
 def ok(
@@ -282,3 +283,22 @@ def test_only_given_records_are_measured() -> None:
 def test_rejects_non_positive_duration(duration: float) -> None:
     with pytest.raises(ValueError):
         compute_metrics([], duration)
+
+
+def test_goodput_uses_the_sweeps_sla() -> None:
+    # A sweep's SLA becomes per-request limits (the tightest per metric); std and error_rate
+    # keys do not. TTFT <= 125 ms and TPOT <= 125 ms: the first two records are good.
+    sla = {"p99_ttft_ms": 250, "p50_ttft_ms": 125, "p99_tpot_ms": 125, "std_e2el_ms": 1,
+           "error_rate": 0.1}
+    slo = goodput_slo_ms(sla)
+    assert slo == {"ttft": 125, "tpot": 125}
+    assert compute_metrics(GOODPUT_RECORDS, 2.0, goodput_slo_ms=slo)["request_goodput"] == 1.0
+
+
+def test_percentiles_are_configurable() -> None:
+    records = [ok(0.0, (t / 10,), 1) for t in range(1, 11)]  # TTFT 100..1000 ms
+    result = compute_metrics(records, 1.0, percentiles=(10, 90, 99.5))
+    assert result["p10_ttft_ms"] == pytest.approx(190.0)
+    assert result["p90_ttft_ms"] == pytest.approx(910.0)
+    assert result["p99.5_ttft_ms"] == pytest.approx(995.5)
+    assert "p99_ttft_ms" not in result

@@ -27,7 +27,7 @@ def test_quickstart_loads_with_its_values():
     # fixed server args keep file order (they are emitted as flags in that order)
     assert list(spec.server.args.items()) == [("enforce-eager", True), ("max-model-len", 512)]
     assert spec.server.startup_timeout_s == 240
-    assert spec.server.host == "127.0.0.1"  # not in the file: the default
+    assert spec.server.host == "auto"  # not in the file: the default
     w = spec.workload
     assert (w.dataset, w.num_prompts, w.input_len, w.output_len) == ("random", 200, 128, 64)
     assert w.max_concurrency == 32
@@ -130,7 +130,7 @@ MALFORMED = [
     ("sampler-unknown", BASE + "search: {sampler: grid}\n", "search.sampler", ("'grid'",)),
     ("n-trials-zero", BASE + "search: {n_trials: 0}\n", "search.n_trials", ()),
     ("startup-trials-negative", BASE + "search: {startup_trials: -1}\n", "search.startup_trials", ()),
-    ("cpus-per-server-zero", BASE + "cluster: {cpus_per_server: 0}\n", "cluster.cpus_per_server", ()),
+    ("cpus-per-worker-zero", BASE + "cluster: {cpus_per_worker: 0}\n", "cluster.cpus_per_worker", ()),
 ]
 
 

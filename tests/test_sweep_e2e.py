@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import CLI, ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.conftest import CLI, ROOT, cli_env, new_marker, read_until, run_cli, wait_no_marked_processes
 
 pytestmark = pytest.mark.server
 
@@ -103,13 +103,7 @@ def test_ctrl_c_mid_trial_stops_everything_and_keeps_results(tiny_model, short_t
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        seen = ""
-        deadline = time.monotonic() + 300
-        while "starting server" not in seen and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen += line
+        seen = read_until(proc, "starting server", timeout_s=300)
         assert "starting server" in seen, seen
         time.sleep(8)  # the server actor is up and vLLM is starting
         os.killpg(proc.pid, signal.SIGINT)

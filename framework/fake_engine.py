@@ -1,0 +1,119 @@
+"""FakeEngine: a named stand-in for vLLM's OpenAI server, for scheduling tests at a scale this
+machine cannot run for real (e.g. 4 nodes x 8 fake GPUs). It is NOT a model server.
+
+It honours the same contract as `engine.serve` (tests/test_engine_contract.py runs one suite
+against both): `serve(argv)` blocks the calling thread while serving `GET /health`,
+`GET /metrics` and streaming `POST /v1/completions` with `usage`; unknown or malformed flags
+raise TrialError(invalid_args) before anything listens; it stops when its process is killed.
+
+Latency is configurable through the environment (milliseconds unless named _S):
+FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS (5).
+At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
+`on_ready(args)` is called once the server listens (the cluster module uses it to start one
+placeholder worker per placement-group bundle, as vLLM's Ray executor would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from framework.errors import TrialError
+
+_FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
+                     "pipeline-parallel-size", "max-model-len", "distributed-executor-backend",
+                     "block-size", "gpu-memory-utilization", "kv-cache-dtype", "dtype")
+_BOOL_FLAGS = ("enable-chunked-prefill", "enable-prefix-caching", "enforce-eager")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fake-engine", exit_on_error=False)
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    for flag in _FLAGS_WITH_VALUE:
+        kind = int if flag.endswith(("size", "seqs", "tokens", "len")) else str
+        p.add_argument(f"--{flag}", type=kind, default=None)
+    for flag in _BOOL_FLAGS:
+        p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser().parse_args(list(argv))
+    except (SystemExit, argparse.ArgumentError) as exc:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()] or [str(exc)]
+        raise TrialError("invalid_args", lines[-1]) from None
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = lambda _: None) -> None:
+    """Parse, wait the configured start-up time, then serve until the process is killed."""
+    args = parse_args(argv)
+    time.sleep(_env_float("FAKE_ENGINE_STARTUP_S", 1.0))
+    on_ready(args)
+    asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    ttft = _env_float("FAKE_ENGINE_TTFT_MS", 20.0) / 1000
+    tpot = _env_float("FAKE_ENGINE_TPOT_MS", 5.0) / 1000
+    slots = asyncio.Semaphore(args.max_num_seqs or 128)
+    counters = {"running": 0, "waiting": 0, "generated": 0}
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def metrics(_: web.Request) -> web.Response:
+        text = (f"vllm:num_requests_running {counters['running']}\n"
+                f"vllm:num_requests_waiting {counters['waiting']}\n"
+                f"vllm:generation_tokens_total {counters['generated']}\n"
+                "vllm:kv_cache_usage_perc 0.0\nvllm:num_preemptions_total 0\n")
+        return web.Response(text=text, content_type="text/plain")
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n_out = int(body.get("max_tokens") or 16)
+        prompt_tokens = max(1, len(str(body.get("prompt", "")).split()))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        counters["waiting"] += 1
+        async with slots:
+            counters["waiting"] -= 1
+            counters["running"] += 1
+            try:
+                await asyncio.sleep(ttft)
+                for i in range(n_out):
+                    if i:
+                        await asyncio.sleep(tpot)
+                    chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": None}]}
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    counters["generated"] += 1
+            finally:
+                counters["running"] -= 1
+        usage = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_out,
+                                          "total_tokens": prompt_tokens + n_out}}
+        await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        return resp
+
+    app = web.Application()
+    app.add_routes([web.get("/health", health), web.get("/metrics", metrics),
+                    web.post("/v1/completions", completions)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    await asyncio.Event().wait()

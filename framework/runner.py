@@ -1,0 +1,189 @@
+"""The ask -> trial -> record -> tell loop of one sweep, with trials side by side.
+
+Order per trial: ask Optuna -> placement check -> run the trial in a worker thread (reserve its
+placement group, start, warm up, measure, stop) -> write request rows, then the trial row ->
+tell Optuna. Optuna is only touched from the calling thread. A new trial is asked for only
+while no earlier one is still waiting for placement, so the study never runs ahead of the
+cluster ("as many trials as can be placed"); Ray reserves each group all-or-nothing, so queued
+trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
+rewrites rather than duplicates, and a driver killed between writing and telling leaves a
+RUNNING trial that the next run closes as FAIL(interrupted).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import datetime, timezone
+from typing import Protocol
+
+from rich.console import Console
+
+from framework.objective import evaluate
+from framework.placement import Bundle, bundles, fits, shape_of, why_unplaceable
+from framework.report import Progress, print_summary
+from framework.rows import REQUEST_COLUMNS, TrialContext, request_rows, trial_columns, trial_row
+from framework.server_args import merge_flags, serve_command, server_argv
+from framework.sweep import Sweep, load_plan
+from framework.trial import LoadPlan, ServerLauncher, TrialOutcome, run_trial
+from framework.tuner import Evaluation, Proposal, Tuner
+
+
+class ClusterLauncher(ServerLauncher, Protocol):
+    def node_resources(self) -> list[dict[str, float]]: ...
+
+    def stop_all(self) -> None: ...
+
+
+def _vllm_version() -> str:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Runner:
+    """Runs the trials of one sweep against a launcher and records them."""
+
+    def __init__(self, sweep: Sweep, launcher: ClusterLauncher, console: Console) -> None:
+        self.sweep, self.launcher, self.console = sweep, launcher, console
+        self.spec = sweep.spec
+        self.store = sweep.store
+        self.columns = trial_columns(sweep.space, self.spec.workload.percentiles)
+        self.vllm_version = _vllm_version()
+        self.tuner = Tuner(self.store.journal_path, self.spec.name, sweep.space,
+                           self.spec.objective.direction == "maximize", self.spec.search.sampler,
+                           self.spec.search.seed, self.spec.search.effective_startup_trials)
+        self._lock = threading.Lock()
+        self._unplaced = 0
+
+    def _record(self, p: Proposal, flags: dict, outcome: TrialOutcome) -> dict:
+        verdict = (evaluate(outcome.metrics, self.spec.sla, self.spec.objective.metric)
+                   if outcome.ok else None)
+        ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
+                           serve_command=serve_command(str(self.spec.model), flags),
+                           vllm_version=self.vllm_version,
+                           server_log=str(self.store.log_path(p.number)))
+        row = trial_row(ctx, outcome, verdict, self.columns)
+        self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
+        self.store.write_trial(row, self.columns)
+        self.tuner.tell(p, Evaluation(objective=verdict.objective if verdict else None,
+                                      constraints=verdict.constraints if verdict else {},
+                                      fail_reason=outcome.fail_reason))
+        return row
+
+    def _record_interrupted(self, number: int, params: dict, is_baseline: bool) -> None:
+        outcome = TrialOutcome(started_at=datetime.now(timezone.utc), argv=(),
+                               fail_reason="interrupted", fail_detail="the driver stopped mid-trial")
+        ctx = TrialContext(number=number, params=params, is_baseline=is_baseline, serve_command="",
+                           vllm_version=self.vllm_version, server_log=str(self.store.log_path(number)))
+        self.store.write_requests(number, [], REQUEST_COLUMNS)
+        self.store.write_trial(trial_row(ctx, outcome, None, self.columns), self.columns)
+
+    def _trial(self, p: Proposal, flags: dict, wanted: list[Bundle], plan: LoadPlan,
+               progress: Progress) -> TrialOutcome:
+        """Runs in a worker thread; releases its 'waiting for placement' slot exactly once."""
+        released = threading.Event()
+
+        def placed() -> None:
+            if not released.is_set():
+                released.set()
+                with self._lock:
+                    self._unplaced -= 1
+
+        model = str(self.spec.model)
+        try:
+            return run_trial(self.launcher, lambda host, port: server_argv(model, flags, host, port),
+                             plan, self.store.log_path(p.number), wanted,
+                             phase=lambda text: progress.phase(p.number, text), on_placed=placed)
+        finally:
+            placed()
+
+    def _flags(self, p: Proposal) -> dict:
+        flags = merge_flags(self.spec.server.args, {} if p.is_baseline else p.params)
+        if shape_of(flags).world_size > 1 and "distributed-executor-backend" not in flags:
+            flags["distributed-executor-backend"] = "ray"
+        return flags
+
+    def _retry(self, p: Proposal, row: dict) -> bool:
+        """Queue a node_lost trial's configuration again, once, if the sweep asks for it."""
+        if row["fail_reason"] != "node_lost" or not self.spec.cluster.retry_node_lost:
+            return False
+        if p.retry_of is not None:
+            return False
+        self.tuner.enqueue_retry(p)
+        return True
+
+    def recover(self) -> None:
+        """Close trials an earlier, killed driver left RUNNING, then queue the baseline."""
+        for number in self.tuner.close_interrupted():
+            t = self.tuner.study.trials[number]
+            self._record_interrupted(number, dict(t.params), bool(t.user_attrs.get("baseline")))
+            self.console.print(f"trial {number} was interrupted by an earlier run: recorded as "
+                               "FAIL(interrupted)")
+        if self.spec.search.baseline:
+            self.tuner.enqueue_baseline(self.sweep.space.defaults())
+
+    def run(self, target: int) -> None:
+        """Run trials until the study holds `target` finished trials."""
+        spec = self.spec
+        self.recover()
+        done = self.tuner.finished()
+        if done >= target:
+            self.console.print(f"study '{spec.name}' already holds {done} finished trials "
+                               f"(target {target}); nothing to run. Use --add-trials N to extend.")
+            return
+        plan = load_plan(spec)
+        progress = Progress(self.console, target, spec.objective.metric,
+                            spec.objective.direction == "maximize")
+        ttft_key = next((k for k in spec.sla if "ttft" in k), "p99_ttft_ms")
+        tpot_key = next((k for k in spec.sla if "tpot" in k), "p99_tpot_ms")
+        limit = spec.concurrent_trials or 256
+        running: dict[Future, tuple[Proposal, dict]] = {}
+        pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial")
+        try:
+            while done < target:
+                while len(running) < limit and done + len(running) < target and not self._unplaced:
+                    p = self.tuner.ask()
+                    flags = self._flags(p)
+                    wanted = bundles(shape_of(flags), spec.engine, spec.cluster.cpus_per_worker)
+                    progress.trial_started(p.number, done + len(running), p.params, p.is_baseline)
+                    nodes = self.launcher.node_resources()
+                    if not fits(wanted, nodes):
+                        outcome = TrialOutcome(started_at=datetime.now(timezone.utc), argv=(),
+                                               fail_reason="unplaceable",
+                                               fail_detail=why_unplaceable(wanted, nodes))
+                        progress.trial_finished(self._record(p, flags, outcome), ttft_key, tpot_key)
+                        done += 1
+                        continue
+                    with self._lock:
+                        self._unplaced += 1
+                    running[pool.submit(self._trial, p, flags, wanted, plan, progress)] = (p, flags)
+                finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    p, flags = running.pop(fut)
+                    row = self._record(p, flags, fut.result())
+                    progress.trial_finished(row, ttft_key, tpot_key)
+                    done += 1
+                    if self._retry(p, row):
+                        target += 1
+                        progress.total = target
+                        progress.note(f"  trial {p.number}: its node died; queued once more")
+        except BaseException:
+            self.launcher.stop_all()
+            for fut, (p, _) in running.items():
+                try:
+                    fut.result(timeout=120)
+                except BaseException:  # noqa: BLE001 - the trial is recorded as interrupted
+                    pass
+                self._record_interrupted(p.number, p.params, p.is_baseline)
+                self.tuner.fail(p, "interrupted")
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def summary(self) -> None:
+        spec = self.spec
+        print_summary(self.console, self.store.read_trials(), list(self.sweep.space.parameters),
+                      spec.objective.metric, spec.objective.direction == "maximize", spec.sla)

@@ -1,0 +1,87 @@
+"""One contract, two engines: vLLM's real OpenAI server (framework.engine) and FakeEngine, the
+named stand-in used for scheduling tests at scale. Both must reject bad flags as invalid_args
+before listening, serve /health and streaming completions with usage, and leave no process
+once their process group is killed."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from framework.errors import TrialError
+from framework.loadgen import run_load, wait_ready
+from framework.workload import RequestSpec
+
+ENGINES = ["framework.engine", "framework.fake_engine"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("module", ENGINES)
+@pytest.mark.parametrize("bad", [["--no-such-flag", "1"], ["--max-num-seqs", "many"]])
+def test_bad_flags_are_invalid_args_before_listening(module, bad, tiny_model):
+    serve = importlib.import_module(module).serve
+    port = free_port()
+    with pytest.raises(TrialError) as err:
+        serve(["--model", str(tiny_model), "--port", str(port), *bad])
+    assert err.value.reason == "invalid_args"
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "nothing may listen after a rejection"
+
+
+@pytest.fixture(params=ENGINES)
+def running_engine(request, tiny_model, tmp_path):
+    port = free_port()
+    argv = ["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
+            "--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager"]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", FAKE_ENGINE_STARTUP_S="0.2")
+    code = f"import sys; from {request.param} import serve; serve(sys.argv[1:])"
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield request.param, f"http://127.0.0.1:{port}", proc
+    finally:
+        tree = [proc.pid]
+        try:
+            tree += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                  for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [p for p in tree if psutil.pid_exists(p)
+                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.server
+@pytest.mark.timeout(300)
+def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_model):
+    import asyncio
+
+    module, base_url, proc = running_engine
+    ready = asyncio.run(wait_ready(base_url, 240, is_alive=lambda: proc.poll() is None))
+    assert ready, f"{module} not ready"
+    requests = [RequestSpec(prompt="def main():", prompt_len=4, output_len=12) for _ in range(6)]
+    result = asyncio.run(run_load(base_url, str(tiny_model), requests, max_concurrency=3))
+    assert [r.success for r in result.records] == [True] * 6, [r.error for r in result.records]
+    assert all(r.output_tokens == 12 and r.prompt_tokens > 0 for r in result.records)
+    assert all(r.ttft_s is not None and r.ttft_s > 0 and len(r.chunk_s) >= 1 for r in result.records)

@@ -1,0 +1,54 @@
+"""A vLLM server killed in the middle of the load: FAIL(server_died) with the log tail, the
+request rows measured so far kept, and the sweep's other trials unaffected."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import duckdb
+import pytest
+import yaml
+
+from tests.conftest import CLI, cli_env, marked_processes, new_marker, read_until, wait_no_marked_processes
+from tests.test_sweep_e2e import read_trials, write_sweep
+
+pytestmark = pytest.mark.server
+
+
+@pytest.mark.timeout(900)
+def test_engine_killed_mid_load_is_server_died_with_partial_rows(tiny_model, short_tmp):
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    sweep = write_sweep(short_tmp, tiny_model, n_trials=2, name="faults")
+    spec = yaml.safe_load(sweep.read_text())
+    spec["workload"].update({"num_prompts": 400, "output_len": 32, "request_rate": 25.0})
+    sweep.write_text(yaml.safe_dump(spec))
+    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = read_until(proc, "trial 0: under load", timeout_s=400)
+        assert "trial 0: under load" in seen, seen
+        time.sleep(3)
+        engines = [p for p in marked_processes(marker) if "EngineCore" in " ".join(p.cmdline())]
+        assert engines, "no vLLM EngineCore process found"
+        for p in engines:
+            p.kill()
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, seen + out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    trials = read_trials(short_tmp / "results", "faults")
+    assert list(trials["trial_number"]) == [0, 1]
+    dead = trials.iloc[0]
+    assert dead["state"] == "FAIL" and dead["fail_reason"] == "server_died", dead["fail_detail"]
+    assert dead["log_tail"] and len(dead["log_tail"].splitlines()) <= 50
+    assert trials.iloc[1]["state"] == "COMPLETE"
+    n, ok = duckdb.sql(
+        f"SELECT count(*), count(*) FILTER (WHERE success) FROM read_parquet("
+        f"'{short_tmp}/results/faults/requests/**/*.parquet', hive_partitioning=true) "
+        "WHERE trial_number = 0").fetchall()[0]
+    assert n > 0 and 0 < ok < 400, (n, ok)
+    assert wait_no_marked_processes(marker) == []

@@ -1,0 +1,113 @@
+"""Scheduling at scale with fakes: 4 emulated nodes x 8 fake GPUs, 40 trials of mixed TP/PP
+shapes served by FakeEngine (a named stand-in; see framework/fake_engine.py and the engine
+contract tests). Asserted from the per-device occupancy log that FakeEngine's placeholder
+workers write: no device double-booked, every rank inside its own trial's group, all trials end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import emulated_cluster, joined_cli_env, run_cli
+from tests.test_sweep_e2e import read_trials
+
+pytestmark = pytest.mark.server
+NODES, GPUS_PER_NODE, TRIALS = 4, 8, 40
+
+
+@pytest.fixture
+def gpu_cluster(short_tmp):
+    nodes = [{"num_cpus": 1, "num_gpus": 0}] + [
+        {"num_cpus": GPUS_PER_NODE, "num_gpus": GPUS_PER_NODE, "node_ip_address": f"127.0.0.{i + 2}"}
+        for i in range(NODES)]
+    with emulated_cluster(short_tmp, nodes) as (_, address, marker):
+        yield address, marker
+
+
+def busy_fraction_while_queued(intervals: list[tuple[float, float]], queued: list[tuple[float, float]],
+                               devices: int) -> float:
+    """Mean over queued time of (devices in use / devices), by sweeping interval endpoints."""
+    total = busy = 0.0
+    for q0, q1 in queued:
+        cuts = sorted({q0, q1, *[t for iv in intervals for t in iv if q0 < t < q1]})
+        for a, b in zip(cuts, cuts[1:]):
+            mid = (a + b) / 2
+            in_use = sum(1 for s, e in intervals if s <= mid < e)
+            busy += (b - a) * in_use / devices
+            total += b - a
+    return busy / total if total else 1.0
+
+
+@pytest.mark.timeout(900)
+def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
+    address, marker = gpu_cluster
+    occupancy = short_tmp / "occupancy.jsonl"
+    space = short_tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4, 8]},
+        "pipeline-parallel-size": {"type": "categorical", "choices": [1, 2, 16]},
+        "max-num-seqs": {"type": "categorical", "choices": [4, 64]},
+    }}))
+    sweep = short_tmp / "scale.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "scale", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
+        "server": {"host": "node", "startup_timeout_s": 300,
+                   "env": {"FAKE_ENGINE_STARTUP_S": "3", "FAKE_ENGINE_TTFT_MS": "30",
+                           "FAKE_ENGINE_TPOT_MS": "20",
+                           "FAKE_ENGINE_OCCUPANCY_LOG": str(occupancy)}},
+        "workload": {"num_prompts": 32, "input_len": 16, "output_len": 24, "max_concurrency": 8,
+                     "warmup_requests": 0},
+        "sla": {"p99_ttft_ms": 5000},
+        "search": {"sampler": "random", "n_trials": TRIALS, "baseline": False, "seed": 5},
+        "cluster": {"address": address},
+        "results_dir": str(short_tmp / "results"),
+    }))
+    env = joined_cli_env(marker, short_tmp)
+    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=840)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+
+    trials = read_trials(short_tmp / "results", "scale")
+    assert len(trials) == TRIALS and set(trials["trial_number"]) == set(range(TRIALS))
+    shapes = trials["param_tensor_parallel_size"] * trials["param_pipeline_parallel_size"]
+    never_fit = shapes > NODES * GPUS_PER_NODE
+    assert never_fit.any(), "the space should propose shapes that can never fit"
+    assert (trials[never_fit]["fail_reason"] == "unplaceable").all()
+    assert trials[never_fit]["placement"].map(len).eq(0).all()  # never launched
+    placed = trials[~never_fit]
+    assert (placed["state"] == "COMPLETE").all(), placed[["fail_reason", "fail_detail"]]
+    assert len(set(shapes[~never_fit])) >= 3, "the sweep should mix several shapes"
+
+    events = [json.loads(line) for line in occupancy.read_text().splitlines()]
+    by_trial: dict[int, list[dict]] = defaultdict(list)
+    for e in events:
+        by_trial[int(Path(e["tag"]).stem.split("-")[1])].append(e)
+    intervals: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
+    reserved: list[tuple[float, float]] = []  # one interval per device a placed group holds
+    for _, row in placed.iterrows():
+        number = int(row["trial_number"])
+        evs = by_trial[number]
+        world = int(row["param_tensor_parallel_size"] * row["param_pipeline_parallel_size"])
+        assert sorted(e["bundle"] for e in evs) == list(range(world)), number
+        assert all(e["in_group"] for e in evs) and len({e["group"] for e in evs}) == 1
+        assert [e["node_ip"] for e in sorted(evs, key=lambda e: e["bundle"])] == list(row["placement"])
+        end = row["started_at"].timestamp() + row["trial_s"]
+        for e in evs:
+            assert len(e["gpu_ids"]) == 1
+            intervals[(e["node_ip"], e["gpu_ids"][0])].append((e["t"], end, number))
+        placed_at = row["started_at"].timestamp() + row["placement_wait_s"]
+        reserved += [(placed_at, end)] * world
+    for device, spans in intervals.items():
+        spans.sort()
+        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+            assert s1 >= e0, f"device {device} given to trial {n1} while trial {n0} held it"
+    queued = [(r["started_at"].timestamp(), r["started_at"].timestamp() + r["placement_wait_s"])
+              for _, r in placed.iterrows() if r["placement_wait_s"] and r["placement_wait_s"] > 0.5]
+    fraction = busy_fraction_while_queued(reserved, queued, NODES * GPUS_PER_NODE)
+    print(f"\nbusy fraction while trials were queued: {fraction:.1%} over "
+          f"{sum(b - a for a, b in queued):.0f} s of queueing; {len(placed)} trials placed")
+    assert queued, "the cluster never filled up: the test did not exercise queueing"
