@@ -1,7 +1,8 @@
 """`vllm-sweep` command line: thin argument parsing over the modules below.
 
-Exit codes: 0 success, 1 a sweep ran but found no feasible configuration is NOT an error (0),
-2 bad input (one line naming file, key and value), 3 cluster problem, 130 interrupted.
+Exit codes: 0 success (a sweep that found no feasible configuration still exits 0), 1 `best`
+found no feasible trial, 2 bad input (one line naming file, key and value), 3 cluster problem
+(or another driver runs the sweep), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -57,6 +58,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stored(args: argparse.Namespace):
+    """The sweep (files checked, vLLM not imported) and its trial rows."""
+    from framework import sweep as sweep_mod
+
+    sw = sweep_mod.load(Path(args.sweep), check_flags=False)
+    return sw, sw.store.read_trials()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from framework.status import live_driver, sweep_status
+
+    sw, trials = _stored(args)
+    spec = sw.spec
+    status = sweep_status(trials, spec.search.n_trials, list(sw.space.parameters),
+                          spec.objective.direction == "maximize", spec.concurrent_trials or 1,
+                          live_driver(sw.store.sweep_dir / "driver.json"))
+    print("\n".join(status.lines(spec.name, spec.objective.metric)))
+    return 0
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from framework.report import best_trial
+    from framework.status import best_as_yaml
+
+    sw, trials = _stored(args)
+    spec, params = sw.spec, list(sw.space.parameters)
+    maximize = spec.objective.direction == "maximize"
+    if args.format == "yaml":
+        text = best_as_yaml(trials, params, maximize, dict(spec.server.args), str(spec.model))
+    else:
+        best = best_trial(trials, params, maximize) if not trials.empty else None
+        text = best.serve_command if best else None
+    if text is None:
+        print(f"{spec.name}: no feasible trial yet", file=sys.stderr)
+        return 1
+    print(text.rstrip())
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from framework import sweep as sweep_mod
 
@@ -95,6 +135,15 @@ def parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a sweep and its search space; start nothing")
     val.add_argument("sweep")
     val.set_defaults(fn=cmd_validate)
+    st = sub.add_parser("status", help="progress of a running, finished or killed sweep, from "
+                        "its stored results")
+    st.add_argument("sweep")
+    st.set_defaults(fn=cmd_status)
+    be_ = sub.add_parser("best", help="the best feasible configuration as a `vllm serve` "
+                         "command or as YAML")
+    be_.add_argument("sweep")
+    be_.add_argument("--format", choices=("command", "yaml"), default="command")
+    be_.set_defaults(fn=cmd_best)
     bm = sub.add_parser("build-model", help="build the tiny local Llama the quickstart serves")
     bm.add_argument("out", nargs="?", default="models/tiny-llama")
     bm.add_argument("--seed", type=int, default=0)

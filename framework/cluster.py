@@ -171,6 +171,8 @@ class RayServer:
                 return cause
             return TrialError("startup_crash", str(exc).splitlines()[-1][:2000])
         except ray.exceptions.RayActorError as exc:
+            if self._stopped:
+                return TrialError("server_died", "stopped by vllm-sweep")
             lost = self._await_lost_nodes(NODE_DEATH_DETECTION_S)
             if lost:
                 return TrialError("node_lost", f"node(s) {', '.join(lost)} died")

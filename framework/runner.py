@@ -3,9 +3,9 @@
 Order per trial: ask Optuna -> placement check -> run the trial in a worker thread (reserve its
 placement group, start, warm up, measure, stop) -> write request rows, then the trial row ->
 tell Optuna. Optuna is only touched from the calling thread. A new trial is asked for only
-while no earlier one is still waiting for placement, so the study never runs ahead of the
-cluster ("as many trials as can be placed"); Ray reserves each group all-or-nothing, so queued
-trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
+while fewer than MAX_WAITING earlier ones still wait for placement, so the study stays close to
+what the cluster can place and small trials can backfill behind a large one; Ray reserves each
+group all-or-nothing, so queued trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
 rewrites rather than duplicates, and a driver killed between writing and telling leaves a
 RUNNING trial that the next run closes as FAIL(interrupted).
 """
@@ -24,7 +24,7 @@ from framework.objective import evaluate
 from framework.placement import Bundle, bundles, fits, shape_of, why_unplaceable
 from framework.report import Progress, print_summary
 from framework.rows import REQUEST_COLUMNS, TrialContext, request_rows, trial_columns, trial_row
-from framework.server_args import merge_flags, serve_command, server_argv
+from framework.server_args import serve_command, server_argv, trial_flags
 from framework.sweep import Sweep, load_plan
 from framework.trial import LoadPlan, ServerLauncher, TrialOutcome, run_trial
 from framework.tuner import Evaluation, Proposal, Tuner
@@ -34,6 +34,12 @@ class ClusterLauncher(ServerLauncher, Protocol):
     def node_resources(self) -> list[dict[str, float]]: ...
 
     def stop_all(self) -> None: ...
+
+
+# Trials allowed to wait for placement at once. One waiting trial makes a large shape block
+# the cluster while devices sit idle (head-of-line); a few let smaller trials backfill, while
+# the study still never runs far ahead of the cluster. Measured in docs/BENCHMARKS.md.
+MAX_WAITING = 3
 
 
 def _vllm_version() -> str:
@@ -101,10 +107,7 @@ class Runner:
             placed()
 
     def _flags(self, p: Proposal) -> dict:
-        flags = merge_flags(self.spec.server.args, {} if p.is_baseline else p.params)
-        if shape_of(flags).world_size > 1 and "distributed-executor-backend" not in flags:
-            flags["distributed-executor-backend"] = "ray"
-        return flags
+        return trial_flags(self.spec.server.args, p.params, p.is_baseline)
 
     def _retry(self, p: Proposal, row: dict) -> bool:
         """Queue a node_lost trial's configuration again, once, if the sweep asks for it."""
@@ -144,7 +147,8 @@ class Runner:
         pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial")
         try:
             while done < target:
-                while len(running) < limit and done + len(running) < target and not self._unplaced:
+                while (len(running) < limit and done + len(running) < target
+                       and self._unplaced < MAX_WAITING):
                     p = self.tuner.ask()
                     flags = self._flags(p)
                     wanted = bundles(shape_of(flags), spec.engine, spec.cluster.cpus_per_worker)

@@ -35,6 +35,18 @@ def merge_flags(fixed: Mapping[str, Scalar], params: Mapping[str, Scalar | None]
     return merged
 
 
+def trial_flags(fixed: Mapping[str, Scalar], params: Mapping[str, Scalar | None],
+                is_baseline: bool) -> dict[str, Scalar | None]:
+    """Every flag of one trial: fixed args + its params (none for the vLLM-defaults baseline),
+    plus vLLM's Ray executor when the trial spans several bundles (TP x PP > 1)."""
+    flags = merge_flags(fixed, {} if is_baseline else params)
+    tp = int(flags.get("tensor-parallel-size") or 1)
+    pp = int(flags.get("pipeline-parallel-size") or 1)
+    if tp * pp > 1 and "distributed-executor-backend" not in flags:
+        flags["distributed-executor-backend"] = "ray"
+    return flags
+
+
 def server_argv(model: str, flags: Mapping[str, Scalar | None], host: str, port: int) -> list[str]:
     """argv for vLLM's OpenAI server parser (what runs in-process in the server actor)."""
     return ["--model", model, *flag_args(flags), "--host", host, "--port", str(port)]

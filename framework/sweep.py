@@ -48,9 +48,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         if name in ("model", "host", "port"):
             raise ConfigError(str(spec.search_space), f"parameters.{name}", name,
                               "set by vllm-sweep, cannot be searched")
-    _check_tensor_parallel(path, spec, space)
-    if check_flags and spec.engine != "fake":
-        _check_vllm_flags(path, spec, space)
+    if spec.engine != "fake":  # FakeEngine serves no model and is no vLLM
+        _check_tensor_parallel(path, spec, space)
+        if check_flags:
+            _check_vllm_flags(path, spec, space)
     return Sweep(path=path, spec=spec, space=space)
 
 
@@ -120,5 +121,6 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     max_concurrency=w.max_concurrency, ignore_eos=w.ignore_eos,
                     request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
                     goodput_slo_ms=goodput_slo_ms(spec.sla),
-                    startup_timeout_s=spec.server.startup_timeout_s, endpoint=w.endpoint,
+                    startup_timeout_s=spec.server.startup_timeout_s,
+                    trial_timeout_s=spec.server.trial_timeout_s, endpoint=w.endpoint,
                     duration_s=w.duration_s)

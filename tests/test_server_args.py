@@ -89,3 +89,21 @@ def test_serve_command_round_trips_through_shell_parsing():
     command = serve_command("dir with space/m", flags)
     assert shlex.split(command) == ["vllm", "serve", "dir with space/m", *flag_args(flags)]
     assert "host" not in command and "port" not in command
+
+
+@pytest.mark.parametrize("fixed, params, baseline, expected", [
+    ({"enforce-eager": True}, {"max-num-seqs": 8}, False, {"enforce-eager": True, "max-num-seqs": 8}),
+    ({"enforce-eager": True}, {"max-num-seqs": 8}, True, {"enforce-eager": True}),
+    ({}, {"tensor-parallel-size": 2}, False,
+     {"tensor-parallel-size": 2, "distributed-executor-backend": "ray"}),
+    ({"pipeline-parallel-size": 2}, {}, False,
+     {"pipeline-parallel-size": 2, "distributed-executor-backend": "ray"}),
+    ({"distributed-executor-backend": "mp"}, {"tensor-parallel-size": 2}, False,
+     {"distributed-executor-backend": "mp", "tensor-parallel-size": 2}),
+    ({}, {"tensor-parallel-size": 1, "pipeline-parallel-size": 1}, False,
+     {"tensor-parallel-size": 1, "pipeline-parallel-size": 1}),
+])
+def test_trial_flags(fixed, params, baseline, expected):
+    from framework.server_args import trial_flags
+
+    assert trial_flags(fixed, params, baseline) == expected

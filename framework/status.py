@@ -1,0 +1,99 @@
+"""`status` and `best` from the stored results alone (works on running, finished and killed
+sweeps: it reads the Parquet trial rows and the driver file, never Ray or Optuna).
+
+Remaining time estimate = mean wall time of the finished trials x trials still to run, divided
+by the trials that ran side by side (1 for the CPU engine).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import yaml
+
+from framework.report import best_trial
+from framework.rows import param_column
+from framework.server_args import trial_flags
+from framework.specs import Scalar
+
+
+@dataclass(frozen=True)
+class Status:
+    finished: int
+    target: int
+    complete: int
+    feasible: int
+    infeasible: int
+    failed: dict[str, int]
+    best_objective: float | None
+    best_trial: int | None
+    elapsed_s: float
+    remaining_s: float | None
+    driver_pid: int | None
+
+    def lines(self, name: str, objective: str) -> list[str]:
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
+        best = (f"trial {self.best_trial}: {objective} = {self.best_objective:.4g}"
+                if self.best_trial is not None else "no feasible trial yet")
+        remaining = "-" if self.remaining_s is None else f"~{self.remaining_s / 60:.1f} min"
+        driver = f"running (pid {self.driver_pid})" if self.driver_pid else "not running"
+        return [f"sweep {name}: {self.finished}/{self.target} trials finished; driver {driver}",
+                f"  complete {self.complete} (feasible {self.feasible}, SLA violated "
+                f"{self.infeasible}); failed: {fails}",
+                f"  best feasible: {best}",
+                f"  elapsed {self.elapsed_s / 60:.1f} min; remaining {remaining}"]
+
+
+def live_driver(state_file: Path) -> int | None:
+    """PID of the driver recorded in driver.json if that process is still the one recorded."""
+    try:
+        state = json.loads(state_file.read_text())
+        if psutil.Process(state["pid"]).create_time() == state["create_time"]:
+            return int(state["pid"])
+    except (OSError, ValueError, KeyError, psutil.NoSuchProcess):
+        pass
+    return None
+
+
+def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize: bool,
+                 concurrency: int, driver_pid: int | None) -> Status:
+    if trials.empty:
+        return Status(0, target, 0, 0, 0, {}, None, None, 0.0, None, driver_pid)
+    complete = trials[trials["state"] == "COMPLETE"]
+    failed = trials[trials["state"] != "COMPLETE"]["fail_reason"].fillna("unknown")
+    starts = trials["started_at"].dropna()
+    ends = (trials["started_at"] + pd.to_timedelta(trials["trial_s"].fillna(0), unit="s")).dropna()
+    elapsed = (ends.max() - starts.min()).total_seconds() if len(starts) else 0.0
+    left = max(0, target - len(trials))
+    mean_trial = trials["trial_s"].dropna().mean()
+    remaining = None if pd.isna(mean_trial) else left * float(mean_trial) / max(1, concurrency)
+    best = best_trial(trials, params, maximize)
+    return Status(finished=len(trials), target=target, complete=len(complete),
+                  feasible=int((complete["feasible"] == True).sum()),  # noqa: E712
+                  infeasible=int((complete["feasible"] == False).sum()),  # noqa: E712
+                  failed=failed.value_counts().to_dict(),
+                  best_objective=best.objective if best else None,
+                  best_trial=best.number if best else None, elapsed_s=elapsed,
+                  remaining_s=remaining, driver_pid=driver_pid)
+
+
+def best_as_yaml(trials: pd.DataFrame, params: list[str], maximize: bool,
+                 fixed: dict[str, Scalar], model: str) -> str | None:
+    """The best feasible trial as YAML: its objective and every vLLM flag it ran with."""
+    best = best_trial(trials, params, maximize)
+    if best is None:
+        return None
+    row = trials[trials["trial_number"] == best.number].iloc[0]
+    values = {p: _plain(row[param_column(p)]) for p in params}
+    flags = trial_flags(fixed, values, bool(row["is_baseline"]))
+    return yaml.safe_dump({"trial": best.number, "objective": best.objective, "model": model,
+                           "flags": flags, "command": best.serve_command}, sort_keys=False)
+
+
+def _plain(value: object) -> object:
+    """numpy / pandas scalars -> Python scalars (for YAML)."""
+    return value.item() if hasattr(value, "item") else value
