@@ -110,13 +110,16 @@ def _tree(pid: int) -> list[int]:
 
 
 def _reap(pids: list[int], grace_s: float) -> list[int]:
-    """Wait up to grace_s for pids to exit, SIGKILL the rest; returns pids still alive after."""
+    """SIGTERM pids (the server's tree, after its actor was killed: no need to wait for vLLM to
+    notice its parent died), wait up to grace_s, SIGKILL the rest; returns pids still alive."""
     import psutil
 
     procs = []
     for pid in pids:
         try:
-            procs.append(psutil.Process(pid))
+            proc = psutil.Process(pid)
+            proc.send_signal(signal.SIGTERM)
+            procs.append(proc)
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
@@ -205,7 +208,7 @@ class RayServer:
                 pids = []
         ray.kill(self.actor, no_restart=True)
         try:
-            left = self._on_node(_reap_remote, pids, 15.0) if pids else []
+            left = self._on_node(_reap_remote, pids, 10.0) if pids else []
         except Exception:  # noqa: BLE001
             left = []
         remove_placement_group(self.group)
