@@ -42,7 +42,7 @@ def test_node_lost_mid_trial_fails_that_trial_and_the_sweep_completes(tiny_model
                 proc.kill()
                 proc.wait(timeout=30)
     trials = read_trials(short_tmp / "results", "loss")
-    assert len(trials) == 3
+    assert len(trials) == 4  # 3 trials + the lost one's configuration run once more
     lost = trials[trials["fail_reason"] == "node_lost"]
     assert len(lost) == 1, trials[["trial_number", "state", "fail_reason", "fail_detail",
                                    "placement"]].to_string()
@@ -51,6 +51,9 @@ def test_node_lost_mid_trial_fails_that_trial_and_the_sweep_completes(tiny_model
     assert (rest["state"] == "COMPLETE").all()
     later = rest[rest["trial_number"] > lost.iloc[0]["trial_number"]]
     assert all(list(p) == ["127.0.0.3"] for p in later["placement"])
+    retry = trials[trials["trial_number"] == lost.iloc[0]["trial_number"] + 1].iloc[0]
+    assert retry["param_max_num_seqs"] == lost.iloc[0]["param_max_num_seqs"]
+    assert retry["state"] == "COMPLETE"
 
 
 def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path) -> Path:
@@ -67,7 +70,7 @@ def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path) -> Path:
                      "max_concurrency": 2, "warmup_requests": 0, "request_timeout_s": 30},
         "sla": {"p99_ttft_ms": 60000},
         "search": {"sampler": "random", "n_trials": 3, "baseline": False},
-        "cluster": {"address": address, "max_concurrent_trials": 1},
+        "cluster": {"address": address, "max_concurrent_trials": 1, "retry_node_lost": True},
         "results_dir": str(tmp / "results"),
     }))
     return sweep
