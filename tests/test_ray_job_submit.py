@@ -5,7 +5,7 @@ sweep names.
 The pytest process never joins the cluster: node counts come from a short-lived subprocess with a
 timeout, the job is submitted with the `ray job submit` CLI (with a timeout), and its status and
 logs are read over plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process
-group, never with `ray stop` (FIELD_NOTES: it kills every Ray on the machine).
+group, never with the Ray CLI's stop command (FIELD_NOTES: it kills every Ray on the machine).
 """
 
 from __future__ import annotations
