@@ -40,7 +40,6 @@ FAIL_REASONS = (
     "startup_crash",     # the server died before it was ready
     "startup_timeout",   # not ready by the deadline
     "server_died",       # the server exited during the load
-    "trial_timeout",     # the whole trial ran past server.trial_timeout_s
     "load_failed",       # every request of the measured run failed
     "node_lost",         # a node holding one of the trial's bundles died
     "unplaceable",       # the trial's placement group can never fit the cluster

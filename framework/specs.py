@@ -50,7 +50,6 @@ class ServerSpec(_Spec):
     env: dict[str, str] = Field(default_factory=dict)
     host: str = "auto"
     startup_timeout_s: float = Field(default=300.0, gt=0)
-    trial_timeout_s: float | None = Field(default=None, gt=0)  # whole trial, placement excluded
 
     @field_validator("args")
     @classmethod

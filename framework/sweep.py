@@ -121,6 +121,5 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     max_concurrency=w.max_concurrency, ignore_eos=w.ignore_eos,
                     request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
                     goodput_slo_ms=goodput_slo_ms(spec.sla),
-                    startup_timeout_s=spec.server.startup_timeout_s,
-                    trial_timeout_s=spec.server.trial_timeout_s, endpoint=w.endpoint,
+                    startup_timeout_s=spec.server.startup_timeout_s, endpoint=w.endpoint,
                     duration_s=w.duration_s)

@@ -8,7 +8,6 @@ data (`TrialOutcome.fail_reason`), never raised; the server is stopped on every 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +55,6 @@ class LoadPlan:
     percentiles: Sequence[float]
     goodput_slo_ms: dict[str, float]
     startup_timeout_s: float
-    trial_timeout_s: float | None = None
     endpoint: str = "completions"
     duration_s: float | None = None
 
@@ -100,12 +98,6 @@ def _await_ready(server: ServerHandle, timeout_s: float) -> None:
     raise TrialError("startup_timeout", f"not ready within {timeout_s:.0f} s")
 
 
-def _expire(server: ServerHandle, expired: threading.Event) -> None:
-    """The trial's deadline passed: stop its server; the trial then fails as trial_timeout."""
-    expired.set()
-    server.stop()
-
-
 def _check_still_serving(server: ServerHandle, grace_s: float = 60.0) -> None:
     """After the load: a server that stopped answering /health died (or lost its node) during
     the run; wait for its actor's fate so the failure gets the right reason."""
@@ -138,8 +130,6 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     argv: list[str] = []
     server: ServerHandle | None = None
     startup_s = bench_s = placement_wait_s = launch_s = warmup_s = None
-    expired = threading.Event()
-    watchdog: threading.Timer | None = None
     result: LoadResult | None = None
     ready = False
     try:
@@ -155,10 +145,6 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1 else "starting server")
         server = launcher.launch(remember, log_path, wanted, placed)
         launch_s = clock() - t0
-        if plan.trial_timeout_s:
-            watchdog = threading.Timer(plan.trial_timeout_s, _expire, (server, expired))
-            watchdog.daemon = True
-            watchdog.start()
         if len(wanted) > 1:
             phase(f"starting server on {', '.join(server.placement)}")
         _await_ready(server, plan.startup_timeout_s)
@@ -202,9 +188,6 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             load_start_s=result.start_s, leftover_pids=tuple(left))
     except TrialError as exc:
         reason = "server_died" if ready and exc.reason == "startup_crash" else exc.reason
-        if expired.is_set():
-            reason, exc.detail = "trial_timeout", (f"the trial ran past server.trial_timeout_s = "
-                                                   f"{plan.trial_timeout_s:g} s ({exc.detail})")
         left = server.stop() if server is not None else []
         return TrialOutcome(started_at=started_at, argv=tuple(argv),
                             node_ip=server.node_ip if server else "",
@@ -220,6 +203,3 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         if server is not None:
             server.stop()
         raise
-    finally:
-        if watchdog is not None:
-            watchdog.cancel()
