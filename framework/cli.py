@@ -34,13 +34,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 140)
     sw = sweep_mod.load(Path(args.sweep))
     spec = sw.spec
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     console.print(f"[bold]vllm-sweep {__version__}[/bold]: sweep '{spec.name}' -> "
                   f"{sw.store.sweep_dir}/ ({len(sw.space.parameters)} parameters, "
                   f"{spec.search.n_trials} trials, objective {spec.objective.direction} "
                   f"{spec.objective.metric})")
     with DriverSession(sw.store.sweep_dir / "driver.json") as driver, \
-            RaySession(spec.cluster.address, spec.cluster.num_cpus) as session:
+            RaySession(spec.cluster.address, spec.cluster.num_cpus,
+                       spec.cluster.num_gpus) as session:
+        # After ray.init: Ray's own failure-signal handler replaces any installed before it
+        # and ends the process on SIGTERM without the cleanup below.
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         if driver.reaped_stale:
             console.print(f"ended {driver.reaped_stale} process(es) left by an earlier driver "
                           "of this sweep that died")
@@ -48,7 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         host = spec.server.host
         if host == "auto":
             host = "127.0.0.1" if session.is_local else "node"
-        launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine)
+        key = sweep_mod.api_key(spec)
+        launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine,
+                               secret_env={"VLLM_API_KEY": key} if key else None)
         runner = Runner(sw, launcher, console)
         target = max(runner.tuner.finished(), spec.search.n_trials)
         if args.add_trials:

@@ -62,8 +62,12 @@ class ServerActor:
         return {"pid": os.getpid(), "port": port, "node_ip": node_ip,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def serve(self, argv: list[str], log_path: str, engine_name: str = "cpu") -> None:
+    def serve(self, argv: list[str], log_path: str, engine_name: str = "cpu",
+              secret_env: dict[str, str] | None = None) -> None:
+        """`secret_env` (e.g. VLLM_API_KEY) arrives as a call argument, not in the actor's
+        runtime_env, which Ray records in its job and actor tables."""
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        os.environ.update(secret_env or {})
         engine.redirect_output(Path(log_path))
         if engine_name == "fake":
             self._workers: list = []
@@ -183,7 +187,10 @@ class RayServer:
         return TrialError("server_died", "server exited")
 
     def _await_lost_nodes(self, timeout_s: float) -> list[str]:
-        """The actor died: give Ray's health checks time to declare a dead node dead."""
+        """The actor died: give Ray's health checks time to declare a dead node dead (not
+        when the trial ran on the driver's own node only: that node is alive)."""
+        if set(self.placement) | {self.node_ip} == {ray.util.get_node_ip_address()}:
+            return []
         deadline = time.monotonic() + timeout_s
         while not (lost := self.lost_nodes()) and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -237,8 +244,10 @@ class RayLauncher:
     """
 
     def __init__(self, env: Mapping[str, str], host: str, engine: str,
-                 placement_timeout_s: float = 3600.0) -> None:
+                 placement_timeout_s: float = 3600.0,
+                 secret_env: Mapping[str, str] | None = None) -> None:
         self.env, self.host, self.engine = dict(env), host, engine
+        self._secret_env = dict(secret_env or {})
         self.placement_timeout_s = placement_timeout_s
         self._lock = threading.Lock()
         self._ports: set[tuple[str, int]] = set()
@@ -298,7 +307,8 @@ class RayLauncher:
             remove_placement_group(group)
             raise
         host = self.host if self.host != "node" else info["node_ip"]
-        ref = actor.serve.remote(argv_for_port(host, info["port"]), str(log_path), self.engine)
+        ref = actor.serve.remote(argv_for_port(host, info["port"]), str(log_path), self.engine,
+                                 self._secret_env)
         server = RayServer(actor=actor, group=group, serve_ref=ref,
                            base_url=f"http://{host}:{info['port']}", node_ip=info["node_ip"],
                            node_id=info["node_id"], pid=info["pid"], port=info["port"],
@@ -323,6 +333,7 @@ class RaySession:
 
     address: str | None
     num_cpus: int | None = None
+    num_gpus: int | None = None
     _temp_dir: str | None = None
 
     @property
@@ -335,6 +346,7 @@ class RaySession:
             self._temp_dir = tempfile.mkdtemp(prefix="vsweep-ray-")
             try:
                 ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count(),
+                         num_gpus=self.num_gpus,
                          include_dashboard=False, _temp_dir=self._temp_dir, log_to_driver=False,
                          logging_level="WARNING")
             except Exception as exc:

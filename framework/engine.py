@@ -68,6 +68,24 @@ def serve(argv: Sequence[str]) -> None:
         raise TrialError(kind, f"{type(exc).__name__}: {exc}".strip()[:2000]) from None
 
 
+# Text of a server that died for want of memory while starting: device OOM, no room left for
+# KV cache blocks, or a KV cache too small for one max-model-len sequence (vLLM 0.32 wording).
+OOM_MARKERS = ("out of memory", "OutOfMemoryError", "No available memory for the cache blocks",
+               "larger than the available KV cache memory", "Cannot allocate memory", "MemoryError")
+
+
+def startup_failure(reason: str, detail: str, log: str) -> tuple[str, str]:
+    """Refine a failure before ready: a crash (or a rejection raised by the engine's memory
+    check) whose detail or log names a memory shortage is `oom_at_startup`, with that line
+    as the detail; anything else is returned unchanged."""
+    if reason not in ("startup_crash", "invalid_args"):
+        return reason, detail
+    for line in [detail, *reversed(log.splitlines())]:
+        if any(marker in line for marker in OOM_MARKERS):
+            return "oom_at_startup", line.strip()[:2000]
+    return reason, detail
+
+
 def log_tail(log_path: Path, lines: int = 50) -> str:
     """The last `lines` lines of a server log ('' if there is none)."""
     try:

@@ -9,6 +9,7 @@ raise TrialError(invalid_args) before anything listens; it stops when its proces
 Latency is configurable through the environment (milliseconds unless named _S):
 FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS (5).
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
+With VLLM_API_KEY set, /v1 routes answer 401 without `Authorization: Bearer <key>`, as vLLM.
 `on_ready(args)` is called once the server listens (the cluster module uses it to start one
 placeholder worker per placement-group bundle, as vLLM's Ray executor would).
 """
@@ -110,7 +111,16 @@ async def _serve(args: argparse.Namespace) -> None:
         await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         return resp
 
-    app = web.Application()
+    @web.middleware
+    async def authenticate(request: web.Request, handler):
+        """As vLLM: with VLLM_API_KEY set, /v1 routes need `Authorization: Bearer <key>`."""
+        key = os.environ.get("VLLM_API_KEY")
+        if key and request.path.startswith("/v1") and \
+                request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    app = web.Application(middlewares=[authenticate])
     app.add_routes([web.get("/health", health), web.get("/metrics", metrics),
                     web.post("/v1/completions", completions)])
     runner = web.AppRunner(app, access_log=None)

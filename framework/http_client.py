@@ -208,9 +208,10 @@ class Connection(asyncio.Protocol):
 
 class ConnectionPool:
     """Keep-alive connections to one server (``http`` or ``https`` base URL, optional path
-    prefix); idle connections are reused, one exchange per connection at a time."""
+    prefix); idle connections are reused, one exchange per connection at a time. Requests
+    carry ``Authorization: Bearer <api_key>`` (default: $OPENAI_API_KEY, as vLLM bench)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
         url = urllib.parse.urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"base URL must be http(s)://host[:port][/prefix], got {base_url!r}")
@@ -220,8 +221,9 @@ class ConnectionPool:
         self.prefix = url.path.rstrip("/")
         self.headers = (f"Host: {url.netloc}\r\nUser-Agent: vllm-sweep\r\n"
                         "Accept: text/event-stream\r\n")
-        if os.environ.get("OPENAI_API_KEY"):
-            self.headers += f"Authorization: Bearer {os.environ['OPENAI_API_KEY']}\r\n"
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        if key:
+            self.headers += f"Authorization: Bearer {key}\r\n"
         self._idle: list[Connection] = []
 
     def request(self, path: str, body: bytes) -> bytes:

@@ -296,6 +296,7 @@ async def run_load(
     on_done: Callable[[RequestRecord], None] | None = None,
     endpoint: Endpoint = "completions",
     duration_s: float | None = None,
+    api_key: str | None = None,
 ) -> LoadResult:
     """Send ``requests`` to ``base_url`` + ENDPOINTS[endpoint] and record each one.
 
@@ -305,7 +306,7 @@ async def run_load(
     ``duration_s``, a request not sent within ``duration_s`` of the start is skipped (no
     record, counted in ``not_sent``); requests in flight finish. Keep-alive connections are
     pooled (at most one per request in flight); ``timeout_s`` bounds each request.
-    ``on_done`` gets every record as it finishes.
+    ``on_done`` gets every record as it finishes. ``api_key``: see ``ConnectionPool``.
     Records are returned in request order.
     """
     if arrivals is not None and len(arrivals) != len(requests):
@@ -319,7 +320,7 @@ async def run_load(
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
     path, make_payload = ENDPOINTS[endpoint]
-    pool = ConnectionPool(base_url)
+    pool = ConnectionPool(base_url, api_key)
     offsets = list(arrivals) if arrivals is not None else [0.0] * len(requests)
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     loop = asyncio.get_running_loop()

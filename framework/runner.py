@@ -115,16 +115,21 @@ class Runner:
             return False
         if p.retry_of is not None:
             return False
-        self.tuner.enqueue_retry(p)
+        self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
         return True
 
     def recover(self) -> None:
-        """Close trials an earlier, killed driver left RUNNING, then queue the baseline."""
+        """Close trials an earlier, killed driver left RUNNING (re-queued if the sweep says
+        so), then queue the baseline."""
+        requeue = self.spec.search.requeue_interrupted
         for number in self.tuner.close_interrupted():
             t = self.tuner.study.trials[number]
-            self._record_interrupted(number, dict(t.params), bool(t.user_attrs.get("baseline")))
+            is_baseline = bool(t.user_attrs.get("baseline"))
+            self._record_interrupted(number, dict(t.params), is_baseline)
+            if requeue:
+                self.tuner.enqueue_retry(dict(t.params), is_baseline, number)
             self.console.print(f"trial {number} was interrupted by an earlier run: recorded as "
-                               "FAIL(interrupted)")
+                               f"FAIL(interrupted){'; queued to run again' if requeue else ''}")
         if self.spec.search.baseline:
             self.tuner.enqueue_baseline(self.sweep.space.defaults())
 
@@ -133,6 +138,7 @@ class Runner:
         spec = self.spec
         self.recover()
         done = self.tuner.finished()
+        target += self.tuner.waiting_retries()
         if done >= target:
             self.console.print(f"study '{spec.name}' already holds {done} finished trials "
                                f"(target {target}); nothing to run. Use --add-trials N to extend.")
@@ -183,6 +189,8 @@ class Runner:
                     pass
                 self._record_interrupted(p.number, p.params, p.is_baseline)
                 self.tuner.fail(p, "interrupted")
+                if spec.search.requeue_interrupted:
+                    self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -42,6 +42,10 @@ class _Spec(BaseModel):
 class ServerSpec(_Spec):
     """Fixed vLLM flags (same for every trial) and how a server is started.
 
+    `api_key_env`: the name of an environment variable of the driver holding an API key;
+    servers require it (vLLM's VLLM_API_KEY) and the load generator sends it. The key is
+    never written to results, logs or reports.
+
     `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
     own IP on a joined cluster; `node` = always the node's IP; or a literal address.
     """
@@ -50,6 +54,15 @@ class ServerSpec(_Spec):
     env: dict[str, str] = Field(default_factory=dict)
     host: str = "auto"
     startup_timeout_s: float = Field(default=300.0, gt=0)
+    api_key_env: str | None = None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, name: str | None) -> str | None:
+        if name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError("name an environment variable (letters, digits, '_'); the key "
+                             "itself never goes in the sweep file")
+        return name
 
     @field_validator("args")
     @classmethod
@@ -140,11 +153,19 @@ class ObjectiveSpec(_Spec):
 
 
 class SearchSpec(_Spec):
+    """How Optuna searches. `trial_timeout_s`: deadline of one trial from the moment its
+    placement group is placed (start-up, warm-up and load; queueing for placement excluded),
+    FAIL(trial_timeout) past it. `requeue_interrupted`: a trial interrupted by a stopped or
+    killed driver runs again, as a new trial, when the sweep resumes.
+    """
+
     sampler: Literal["tpe", "random"] = "tpe"
     n_trials: int = Field(default=10, gt=0)
     seed: int = 0
     baseline: bool = True
     startup_trials: int | None = Field(default=None, ge=0)
+    trial_timeout_s: float | None = Field(default=None, gt=0)
+    requeue_interrupted: bool = False
 
     @property
     def effective_startup_trials(self) -> int:
@@ -161,10 +182,13 @@ class ClusterSpec(_Spec):
     `max_concurrent_trials: null` runs as many trials side by side as the cluster can place,
     except on the CPU engine, where it means 1: CPU trials share the same cores and would
     distort each other's measurements. `cpus_per_worker`: CPUs of each CPU-engine bundle.
+    `num_cpus` / `num_gpus`: resources of the private local Ray (default: what Ray detects;
+    `num_gpus` on a machine without GPUs declares fake ones, for the fake engine).
     """
 
     address: str | None = None
     num_cpus: int | None = Field(default=None, gt=0)
+    num_gpus: int | None = Field(default=None, ge=0)
     cpus_per_worker: int = Field(default=1, gt=0)
     max_concurrent_trials: int | None = Field(default=None, gt=0)
     retry_node_lost: bool = False  # run a trial whose node died once more, as a new trial

@@ -33,7 +33,8 @@ class Sweep:
 
 def load(path: Path, check_flags: bool = True) -> Sweep:
     """Load and cross-check a sweep and its search space (ConfigError on any problem): files,
-    model facts (TP divides the heads), and flag names against the installed vLLM."""
+    model facts (TP divides the heads), and, with `check_flags` (run, validate), flag names
+    against the installed vLLM and the API key's environment variable."""
     spec = load_sweep(path)
     if not spec.search_space.is_file():
         raise ConfigError(str(path), "search_space", str(spec.search_space), "file not found")
@@ -48,6 +49,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         if name in ("model", "host", "port"):
             raise ConfigError(str(spec.search_space), f"parameters.{name}", name,
                               "set by vllm-sweep, cannot be searched")
+    name = spec.server.api_key_env
+    if check_flags and name is not None and not os.environ.get(name):
+        raise ConfigError(str(path), "server.api_key_env", name,
+                          f"environment variable {name} is not set (it holds the servers' API key)")
     if spec.engine != "fake":  # FakeEngine serves no model and is no vLLM
         _check_tensor_parallel(path, spec, space)
         if check_flags:
@@ -122,4 +127,11 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
                     goodput_slo_ms=goodput_slo_ms(spec.sla),
                     startup_timeout_s=spec.server.startup_timeout_s, endpoint=w.endpoint,
-                    duration_s=w.duration_s)
+                    duration_s=w.duration_s, trial_timeout_s=spec.search.trial_timeout_s,
+                    api_key=api_key(spec))
+
+
+def api_key(spec: SweepSpec) -> str | None:
+    """The servers' API key, read from the driver's environment (never from a file)."""
+    name = spec.server.api_key_env
+    return os.environ.get(name) or None if name else None

@@ -8,6 +8,7 @@ data (`TrialOutcome.fail_reason`), never raised; the server is stopped on every 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from framework.engine import log_tail
+from framework.engine import log_tail, startup_failure
 from framework.errors import TrialError
 from framework.loadgen import LoadResult, RequestRecord, run_load, wait_ready
 from framework.metrics import compute_metrics
@@ -57,6 +58,8 @@ class LoadPlan:
     startup_timeout_s: float
     endpoint: str = "completions"
     duration_s: float | None = None
+    trial_timeout_s: float | None = None
+    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,35 @@ class TrialOutcome:
 Phase = Callable[[str], None]
 
 
-def _await_ready(server: ServerHandle, timeout_s: float) -> None:
-    ready = asyncio.run(wait_ready(server.base_url, timeout_s, is_alive=server.is_alive))
+class Deadline:
+    """The whole-trial deadline, checked by the trial's own thread between and within phases
+    (no timer thread: stopping a server from another thread raced Ray's shutdown)."""
+
+    def __init__(self, limit_s: float | None, clock: Callable[[], float]) -> None:
+        self.limit_s, self.clock = limit_s, clock
+        self.at = math.inf if limit_s is None else clock() + limit_s
+
+    def left(self) -> float:
+        return self.at - self.clock()
+
+    def bound(self, timeout_s: float) -> float:
+        return max(0.0, min(timeout_s, self.left()))
+
+    def check(self, doing: str) -> None:
+        if self.left() <= 0:
+            raise TrialError("trial_timeout", f"trial exceeded its {self.limit_s:g} s deadline "
+                             f"while {doing}")
+
+
+def _await_ready(server: ServerHandle, timeout_s: float, deadline: Deadline) -> None:
+    ready = asyncio.run(wait_ready(server.base_url, deadline.bound(timeout_s),
+                                   is_alive=server.is_alive))
     if ready:
         return
     failure = server.failure()
     if failure is not None:
         raise failure
+    deadline.check("starting the server")
     raise TrialError("startup_timeout", f"not ready within {timeout_s:.0f} s")
 
 
@@ -109,15 +134,38 @@ def _check_still_serving(server: ServerHandle, grace_s: float = 60.0) -> None:
     raise server.failure() or TrialError("server_died", "server stopped answering during the load")
 
 
+class _Collected:
+    """Records of a run as they finish, kept when the deadline cuts the run short."""
+
+    def __init__(self, then: Callable[[RequestRecord], None] | None) -> None:
+        self.records: list[RequestRecord] = []
+        self.start_s = time.perf_counter()
+        self.then = then
+
+    def __call__(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.then is not None:
+            self.then(record)
+
+
 def _load(server: ServerHandle, plan: LoadPlan, requests: Sequence[RequestSpec],
-          arrivals: Sequence[float] | None,
-          on_done: Callable[[RequestRecord], None] | None,
-          duration_s: float | None = None) -> LoadResult:
-    return asyncio.run(run_load(
-        server.base_url, plan.model, requests, arrivals=arrivals,
-        max_concurrency=plan.max_concurrency, ignore_eos=plan.ignore_eos,
-        timeout_s=plan.request_timeout_s, on_done=on_done, endpoint=plan.endpoint,
-        duration_s=duration_s))
+          arrivals: Sequence[float] | None, collected: _Collected, deadline: Deadline,
+          doing: str, duration_s: float | None = None) -> LoadResult:
+    """One run of the load generator, cut at the trial's deadline (TrialError trial_timeout)."""
+    async def bounded() -> LoadResult:
+        return await asyncio.wait_for(run_load(
+            server.base_url, plan.model, requests, arrivals=arrivals,
+            max_concurrency=plan.max_concurrency, ignore_eos=plan.ignore_eos,
+            timeout_s=plan.request_timeout_s, on_done=collected, endpoint=plan.endpoint,
+            duration_s=duration_s, api_key=plan.api_key),
+            None if math.isinf(deadline.left()) else max(0.0, deadline.left()))
+
+    deadline.check(doing)
+    try:
+        return asyncio.run(bounded())
+    except TimeoutError:
+        deadline.check(doing)
+        raise
 
 
 def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list[str]],
@@ -131,6 +179,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     server: ServerHandle | None = None
     startup_s = bench_s = placement_wait_s = launch_s = warmup_s = None
     result: LoadResult | None = None
+    collected = _Collected(None)
+    deadline = Deadline(None, clock)
     ready = False
     try:
         def remember(host: str, port: int) -> list[str]:
@@ -138,8 +188,9 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             return argv
 
         def placed() -> None:
-            nonlocal placement_wait_s
+            nonlocal placement_wait_s, deadline
             placement_wait_s = clock() - t0
+            deadline = Deadline(plan.trial_timeout_s, clock)
             on_placed()
 
         phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1 else "starting server")
@@ -147,13 +198,13 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         launch_s = clock() - t0
         if len(wanted) > 1:
             phase(f"starting server on {', '.join(server.placement)}")
-        _await_ready(server, plan.startup_timeout_s)
+        _await_ready(server, plan.startup_timeout_s, deadline)
         ready = True
         startup_s = clock() - t0
         if plan.warmup:
             phase(f"warming up ({len(plan.warmup)} requests)")
             t_warm = clock()
-            _load(server, plan, plan.warmup, None, None)
+            _load(server, plan, plan.warmup, None, _Collected(None), deadline, "warming up")
             warmup_s = clock() - t_warm
         done = 0
 
@@ -166,8 +217,10 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         phase(f"under load: 0/{len(plan.measured)} requests")
         t_load = clock()
         sampler = MetricsSampler(server.base_url).start()
+        collected = _Collected(progress)
         try:
-            result = _load(server, plan, plan.measured, plan.arrivals, progress, plan.duration_s)
+            result = _load(server, plan, plan.measured, plan.arrivals, collected, deadline,
+                           "under load", plan.duration_s)
         finally:
             sampled = sampler.stop()
         bench_s = clock() - t_load
@@ -187,17 +240,22 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             records=result.records,
                             load_start_s=result.start_s, leftover_pids=tuple(left))
     except TrialError as exc:
-        reason = "server_died" if ready and exc.reason == "startup_crash" else exc.reason
         left = server.stop() if server is not None else []
+        tail = log_tail(log_path)
+        if ready:
+            reason, detail = ("server_died" if exc.reason == "startup_crash" else exc.reason,
+                              exc.detail)
+        else:
+            reason, detail = startup_failure(exc.reason, exc.detail, tail)
         return TrialOutcome(started_at=started_at, argv=tuple(argv),
                             node_ip=server.node_ip if server else "",
                             placement=server.placement if server else (),
                             placement_wait_s=placement_wait_s, launch_s=launch_s,
                             startup_s=startup_s, warmup_s=warmup_s,
                             bench_s=bench_s, trial_s=clock() - t0, fail_reason=reason,
-                            fail_detail=exc.detail, log_tail=log_tail(log_path),
-                            records=result.records if result else (),
-                            load_start_s=result.start_s if result else 0.0,
+                            fail_detail=detail, log_tail=tail,
+                            records=result.records if result else tuple(collected.records),
+                            load_start_s=result.start_s if result else collected.start_s,
                             leftover_pids=tuple(left))
     except BaseException:
         if server is not None:

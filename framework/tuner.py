@@ -102,10 +102,15 @@ class Tuner:
         self.study.enqueue_trial(dict(defaults), user_attrs={BASELINE_ATTR: True})
         return True
 
-    def enqueue_retry(self, proposal: Proposal) -> None:
-        """Queue the same configuration again (after an infrastructure failure)."""
-        self.study.enqueue_trial(dict(proposal.params), user_attrs={
-            BASELINE_ATTR: proposal.is_baseline, RETRY_OF_ATTR: proposal.number})
+    def enqueue_retry(self, params: Mapping[str, Scalar], is_baseline: bool, number: int) -> None:
+        """Queue trial `number`'s configuration again (after an infrastructure failure)."""
+        self.study.enqueue_trial(dict(params), user_attrs={
+            BASELINE_ATTR: is_baseline, RETRY_OF_ATTR: number})
+
+    def waiting_retries(self) -> int:
+        """Queued re-runs not started yet (each runs as a trial beyond the target)."""
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        return sum(1 for t in waiting if RETRY_OF_ATTR in t.user_attrs)
 
     def ask(self) -> Proposal:
         trial = self.study.ask(fixed_distributions=self._dists)

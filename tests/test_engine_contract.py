@@ -1,6 +1,7 @@
 """One contract, two engines: vLLM's real OpenAI server (framework.engine) and FakeEngine, the
 named stand-in used for scheduling tests at scale. Both must reject bad flags as invalid_args
-before listening, serve /health and streaming completions with usage, and leave no process
+before listening, serve /health and streaming completions with usage (and /v1 only with the
+API key when VLLM_API_KEY is set), and leave no process
 once their process group is killed."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from framework.loadgen import run_load, wait_ready
 from framework.workload import RequestSpec
 
 ENGINES = ["framework.engine", "framework.fake_engine"]
+API_KEY = "contract-test-key"
 
 
 def free_port() -> int:
@@ -46,7 +48,8 @@ def running_engine(request, tiny_model, tmp_path):
     port = free_port()
     argv = ["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
             "--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager"]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", FAKE_ENGINE_STARTUP_S="0.2")
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", FAKE_ENGINE_STARTUP_S="0.2",
+               VLLM_API_KEY=API_KEY)
     code = f"import sys; from {request.param} import serve; serve(sys.argv[1:])"
     with open(tmp_path / "server.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
@@ -81,7 +84,10 @@ def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_mod
     ready = asyncio.run(wait_ready(base_url, 240, is_alive=lambda: proc.poll() is None))
     assert ready, f"{module} not ready"
     requests = [RequestSpec(prompt="def main():", prompt_len=4, output_len=12) for _ in range(6)]
-    result = asyncio.run(run_load(base_url, str(tiny_model), requests, max_concurrency=3))
+    refused = asyncio.run(run_load(base_url, str(tiny_model), requests[:1], api_key=""))
+    assert not refused.records[0].success and "401" in refused.records[0].error, refused.records
+    result = asyncio.run(run_load(base_url, str(tiny_model), requests, max_concurrency=3,
+                                  api_key=API_KEY))
     assert [r.success for r in result.records] == [True] * 6, [r.error for r in result.records]
     assert all(r.output_tokens == 12 and r.prompt_tokens > 0 for r in result.records)
     assert all(r.ttft_s is not None and r.ttft_s > 0 and len(r.chunk_s) >= 1 for r in result.records)
