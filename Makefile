@@ -18,7 +18,7 @@ export HF_HOME := $(CURDIR)/.cache/hf
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install model demo test clean
+.PHONY: install model browser demo test clean
 
 install: $(STAMP)
 
@@ -33,10 +33,14 @@ model: $(MODEL)/config.json
 $(MODEL)/config.json: $(STAMP) framework/tiny_model.py
 	$(BIN)/vllm-sweep build-model $(MODEL) --force
 
+# Headless Chromium for the HTML report's browser test (Debian's package; no browser download).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
 demo: install model
 	$(BIN)/vllm-sweep run $(SWEEP)
 
-test: install model
+test: install model browser
 	$(BIN)/python -m pytest -ra
 
 clean:

@@ -1,8 +1,8 @@
 """`vllm-sweep` command line: thin argument parsing over the modules below.
 
 Exit codes: 0 success (a sweep that found no feasible configuration still exits 0), 1 `best`
-found no feasible trial, 2 bad input (one line naming file, key and value), 3 cluster problem
-(or another driver runs the sweep), 130 interrupted.
+found no feasible trial, 2 bad input (one line naming file, key and value; `report` of a sweep
+without results), 3 cluster problem (or another driver runs the sweep), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     sw, trials = _stored(args)
     spec, params = sw.spec, list(sw.space.parameters)
     maximize = spec.objective.direction == "maximize"
+    if args.pareto:
+        return _print_pareto(spec, trials)
     if args.format == "yaml":
         text = best_as_yaml(trials, params, maximize, dict(spec.server.args), str(spec.model))
     else:
@@ -99,6 +101,73 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"{spec.name}: no feasible trial yet", file=sys.stderr)
         return 1
     print(text.rstrip())
+    return 0
+
+
+def _print_pareto(spec, trials) -> int:
+    from framework.status import pareto_trials
+
+    metrics = list(spec.objective.metrics)
+    front = pareto_trials(trials, metrics, list(spec.objective.directions)) \
+        if not trials.empty else trials
+    if front.empty:
+        print(f"{spec.name}: no feasible trial yet", file=sys.stderr)
+        return 1
+    print(f"Pareto front of {', '.join(metrics)} ({len(front)} feasible trials):")
+    for _, row in front.iterrows():
+        values = "  ".join(f"{m}={float(row[m]):.4g}" for m in metrics)
+        print(f"trial {int(row['trial_number'])}: {values}\n  {row['serve_command']}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from framework.html_report import render_report
+    from framework.tuner import param_importances
+
+    sw, trials = _stored(args)
+    if trials.empty:
+        print(f"error: sweep '{sw.spec.name}' has no results yet in {sw.store.sweep_dir}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    importances = param_importances(sw.store.journal_path, sw.spec.name)
+    out = Path(args.out) if args.out else sw.store.sweep_dir / "report.html"
+    print(render_report(trials, sw.spec, importances, out))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from framework import plan
+    from framework import sweep as sweep_mod
+
+    sw, trials = _stored(args)
+    spec, space = sw.spec, sw.space
+    size = plan.space_size(space)
+    exhaustive = size is not None and size <= plan.ENUMERATE_LIMIT
+    configs = (list(plan.configurations(space)) if exhaustive
+               else plan.sample(space, plan.SAMPLE_SIZE, spec.search.seed))
+
+    def check(params):
+        from framework.server_args import trial_flags
+
+        return sweep_mod.feasibility(sw, trial_flags(spec.server.args, params, False), args.gpus)
+
+    share = plan.feasible_share(configs, exhaustive, check)
+    side = spec.concurrent_trials or args.side_by_side
+    estimate = plan.time_estimate(trials, spec.engine, spec.search.n_trials, side)
+    print(f"sweep {spec.name}: {len(space.parameters)} parameters, "
+          f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}")
+    if share is None:
+        print("  feasibility: no memory model for this sweep (GPU sweeps: set `gpu:`)")
+    else:
+        how = "all" if share.exhaustive else f"{share.checked} sampled"
+        print(f"  feasibility model: {share.feasible} of {how} configurations pass "
+              f"({100 * share.feasible / max(1, share.checked):.0f}%)"
+              + (f" with {args.gpus} GPUs" if args.gpus else ""))
+        for reason, count in share.top_reasons:
+            print(f"    ruled out {count}x: {reason}")
+    per = ", ".join(f"{k} {v:.0f} s" for k, v in estimate.per_trial_s.items())
+    print(f"  time: {estimate.trials} trials x ({per}) / {estimate.side_by_side} side by side "
+          f"= ~{estimate.total_s / 60:.0f} min ({estimate.source})")
     return 0
 
 
@@ -148,7 +217,24 @@ def parser() -> argparse.ArgumentParser:
                          "command or as YAML")
     be_.add_argument("sweep")
     be_.add_argument("--format", choices=("command", "yaml"), default="command")
+    be_.add_argument("--pareto", action="store_true",
+                     help="every feasible trial on the Pareto front of the objective and "
+                     "objective.pareto_with metrics")
     be_.set_defaults(fn=cmd_best)
+    rep = sub.add_parser("report", help="write the sweep's HTML report (plots, all trials, "
+                         "diagnosis, failures) from its stored results")
+    rep.add_argument("sweep")
+    rep.add_argument("--out", default=None, metavar="PATH",
+                     help="HTML file to write (default: <results_dir>/<sweep>/report.html)")
+    rep.set_defaults(fn=cmd_report)
+    pl = sub.add_parser("plan", help="size of the space, the share the feasibility model "
+                        "lets through, and the expected wall time; starts nothing")
+    pl.add_argument("sweep")
+    pl.add_argument("--gpus", type=int, default=None, metavar="N",
+                    help="GPUs of the target cluster (bounds TP x PP in the feasibility model)")
+    pl.add_argument("--side-by-side", type=int, default=1, metavar="K",
+                    help="trials expected to run at once on a GPU cluster (default 1)")
+    pl.set_defaults(fn=cmd_plan)
     bm = sub.add_parser("build-model", help="build the tiny local Llama the quickstart serves")
     bm.add_argument("out", nargs="?", default="models/tiny-llama")
     bm.add_argument("--seed", type=int, default=0)

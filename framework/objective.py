@@ -7,7 +7,7 @@ metrics are comparable; `error_rate` uses `value - limit` (it is already a fract
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 PER_REQUEST_SLO = ("ttft", "tpot", "e2el")
@@ -15,10 +15,23 @@ PER_REQUEST_SLO = ("ttft", "tpot", "e2el")
 
 @dataclass(frozen=True)
 class Verdict:
+    """`objective`: the primary metric's value; `values`: every objective's (primary first)."""
+
     objective: float
     feasible: bool
     constraints: Mapping[str, float]
     violations: tuple[str, ...]
+    values: tuple[float, ...] = ()
+
+
+def per_device(metrics: Mapping[str, float], devices: int) -> dict[str, float]:
+    """`metrics` plus output_throughput_per_gpu and request_goodput_per_gpu (= the metric /
+    devices, the trial's TP x PP; CPU engine: per worker)."""
+    out = dict(metrics)
+    for key in ("output_throughput", "request_goodput"):
+        if key in metrics and metrics[key] is not None:
+            out[f"{key}_per_gpu"] = float(metrics[key]) / max(1, devices)
+    return out
 
 
 def error_rate(metrics: Mapping[str, float]) -> float:
@@ -38,8 +51,10 @@ def goodput_slo_ms(sla: Mapping[str, float]) -> dict[str, float]:
     return slo
 
 
-def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str) -> Verdict:
-    """Apply the SLA to one trial's metrics (which must hold every SLA key and the objective)."""
+def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str,
+             also: Sequence[str] = ()) -> Verdict:
+    """Apply the SLA to one trial's metrics (which must hold every SLA key and objective);
+    `also`: further objectives (multi-objective search)."""
     values = {**metrics, "error_rate": error_rate(metrics)}
     constraints: dict[str, float] = {}
     violations: list[str] = []
@@ -50,7 +65,8 @@ def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_m
         if excess > 0:
             violations.append(f"{key} {value:.4g} > {limit:g}")
     return Verdict(objective=float(values[objective_metric]), feasible=not violations,
-                   constraints=constraints, violations=tuple(violations))
+                   constraints=constraints, violations=tuple(violations),
+                   values=tuple(float(values[m]) for m in (objective_metric, *also)))
 
 
 def gain(best: float, baseline: float, maximize: bool) -> float | None:

@@ -58,6 +58,10 @@ class Progress:
 
     def trial_finished(self, row: Mapping[str, object], ttft_key: str, tpot_key: str) -> None:
         number = row["trial_number"]
+        if row["state"] == "INFEASIBLE":
+            self._line(f"  trial {number}: [yellow]INFEASIBLE[/yellow] (not launched): "
+                       f"{str(row['fail_detail'] or '')[:200]}")
+            return
         if row["state"] != "COMPLETE":
             self._line(f"  trial {number}: [red]FAIL[/red] {row['fail_reason']}: "
                        f"{str(row['fail_detail'] or '')[:160]}")

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from framework import __version__
+from framework.diagnosis import diagnose
+from framework.feasibility import Feasibility
 from framework.metrics import metric_names
 from framework.objective import Verdict, error_rate
 from framework.search_space import BoolParam, CategoricalParam, FloatParam, IntParam, SearchSpace
@@ -18,7 +20,7 @@ from framework.server_metrics import SERVER_METRIC_COLUMNS
 from framework.specs import Scalar
 from framework.trial import TrialOutcome
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens",
                 "max_concurrent_requests"}
 
@@ -60,7 +62,10 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float]) -> list[tupl
     columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
     columns += [("vllm_argv", "list<str>"), ("serve_command", "str")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
+    columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float")]
     columns += list(SERVER_METRIC_COLUMNS)
+    columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
+    columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str")]
     columns += [
         ("request_goodput", "float"), ("error_rate", "float"), ("feasible", "bool"),
         ("sla_violations", "str"), ("objective", "float"), ("vllm_version", "str"),
@@ -73,6 +78,16 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float]) -> list[tupl
     return columns
 
 
+# Feasibility-model numbers kept in every row (predicted before launch; compare them with
+# the measured kv_cache_usage_max and the trial's state).
+ESTIMATE_COLUMNS = {
+    "weights_gib_per_gpu": "est_weights_gib_per_gpu",
+    "kv_budget_gib_per_gpu": "est_kv_budget_gib_per_gpu",
+    "kv_tokens_capacity": "est_kv_tokens_capacity",
+    "max_resident_seqs": "est_max_resident_seqs",
+}
+
+
 @dataclass(frozen=True)
 class TrialContext:
     """What a row needs besides the outcome."""
@@ -83,6 +98,16 @@ class TrialContext:
     serve_command: str
     vllm_version: str
     server_log: str
+    feasibility: Feasibility | None = None
+    sla: Mapping[str, float] | None = None  # for the diagnosis
+
+
+def trial_state(outcome: TrialOutcome) -> str:
+    """COMPLETE (measured), INFEASIBLE (rejected by the feasibility model before launch) or
+    FAIL (any other failure)."""
+    if outcome.ok:
+        return "COMPLETE"
+    return "INFEASIBLE" if outcome.fail_reason == "infeasible" else "FAIL"
 
 
 def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
@@ -91,7 +116,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
     row: dict[str, object] = {name: None for name, _ in columns}
     row.update({
         "trial_number": ctx.number,
-        "state": "COMPLETE" if outcome.ok else "FAIL",
+        "state": trial_state(outcome),
         "fail_reason": outcome.fail_reason,
         "fail_detail": outcome.fail_detail or None,
         "is_baseline": ctx.is_baseline,
@@ -119,12 +144,18 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         if key in row:
             row[key] = value
     row.update({k: outcome.server_metrics.get(k) for k, _ in SERVER_METRIC_COLUMNS})
+    if ctx.feasibility is not None:
+        for key, column in ESTIMATE_COLUMNS.items():
+            row[column] = ctx.feasibility.numbers.get(key)
+        row["feasibility_warnings"] = "; ".join(ctx.feasibility.warnings) or None
     if outcome.metrics:
         row["error_rate"] = error_rate(outcome.metrics)
     if verdict is not None:
         row["feasible"] = verdict.feasible
         row["sla_violations"] = "; ".join(verdict.violations)
         row["objective"] = verdict.objective
+    found = diagnose(row, ctx.sla)
+    row["diagnosis"], row["diagnosis_detail"] = found.verdict, found.text
     return row
 
 

@@ -1,6 +1,7 @@
 """The ask -> trial -> record -> tell loop of one sweep, with trials side by side.
 
-Order per trial: ask Optuna -> placement check -> run the trial in a worker thread (reserve its
+Order per trial: ask Optuna -> placement check and feasibility model (a configuration that
+can never be placed, or cannot fit in memory, is recorded without launching) -> run the trial in a worker thread (reserve its
 placement group, start, warm up, measure, stop) -> write request rows, then the trial row ->
 tell Optuna. Optuna is only touched from the calling thread. A new trial is asked for only
 while fewer than MAX_WAITING earlier ones still wait for placement, so the study stays close to
@@ -14,18 +15,21 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from typing import Protocol
 
 from rich.console import Console
 
-from framework.objective import evaluate
+from framework.feasibility import Feasibility
+from framework.objective import evaluate, per_device
 from framework.placement import Bundle, bundles, fits, shape_of, why_unplaceable
 from framework.report import Progress, print_summary
 from framework.rows import REQUEST_COLUMNS, TrialContext, request_rows, trial_columns, trial_row
 from framework.server_args import serve_command, server_argv, trial_flags
-from framework.sweep import Sweep, load_plan
+from framework.search_space import grid_size
+from framework.sweep import Sweep, feasibility, load_plan
 from framework.trial import LoadPlan, ServerLauncher, TrialOutcome, run_trial
 from framework.tuner import Evaluation, Proposal, Tuner
 
@@ -59,25 +63,53 @@ class Runner:
         self.columns = trial_columns(sweep.space, self.spec.workload.percentiles)
         self.vllm_version = _vllm_version()
         self.tuner = Tuner(self.store.journal_path, self.spec.name, sweep.space,
-                           self.spec.objective.direction == "maximize", self.spec.search.sampler,
-                           self.spec.search.seed, self.spec.search.effective_startup_trials)
+                           self.spec.objective.directions, self.spec.search.sampler,
+                           self.spec.search.seed, self.spec.search.effective_startup_trials,
+                           constraint_keys=list(self.spec.sla))
         self._lock = threading.Lock()
         self._unplaced = 0
 
-    def _record(self, p: Proposal, flags: dict, outcome: TrialOutcome) -> dict:
-        verdict = (evaluate(outcome.metrics, self.spec.sla, self.spec.objective.metric)
-                   if outcome.ok else None)
+    def _record(self, p: Proposal, flags: dict, outcome: TrialOutcome,
+                feas: Feasibility | None = None) -> dict:
+        obj = self.spec.objective
+        verdict = None
+        if outcome.ok:
+            outcome = replace(outcome, metrics=per_device(outcome.metrics,
+                                                          shape_of(flags).world_size))
+            verdict = evaluate(outcome.metrics, self.spec.sla, obj.metric, obj.pareto_with)
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=serve_command(str(self.spec.model), flags),
                            vllm_version=self.vllm_version,
-                           server_log=str(self.store.log_path(p.number)))
+                           server_log=str(self.store.log_path(p.number)), feasibility=feas,
+                           sla=self.spec.sla)
         row = trial_row(ctx, outcome, verdict, self.columns)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         self.store.write_trial(row, self.columns)
-        self.tuner.tell(p, Evaluation(objective=verdict.objective if verdict else None,
-                                      constraints=verdict.constraints if verdict else {},
-                                      fail_reason=outcome.fail_reason))
+        self.tuner.tell(p, Evaluation(
+            objective=(verdict.values if len(verdict.values) > 1 else verdict.objective)
+            if verdict else None,
+            constraints=verdict.constraints if verdict else {}, fail_reason=outcome.fail_reason,
+            violation=feas.violation if feas is not None and not feas.ok else 1.0))
         return row
+
+    def _devices(self, nodes: list[dict[str, float]]) -> int | None:
+        """Devices a trial may span: the cluster's GPUs (None on the CPU engine, whose
+        workers are bounded by placement instead)."""
+        return None if self.spec.engine == "cpu" else int(sum(n.get("GPU", 0) for n in nodes))
+
+    def _rejected(self, p: Proposal, flags: dict, wanted: list[Bundle],
+                  nodes: list[dict[str, float]]) -> tuple[TrialOutcome | None, Feasibility | None]:
+        """A trial that must not launch (unplaceable, or infeasible by the memory model), as
+        its outcome; (None, feasibility) when it may launch."""
+        now = datetime.now(timezone.utc)
+        if not fits(wanted, nodes):
+            return TrialOutcome(started_at=now, argv=(), fail_reason="unplaceable",
+                                fail_detail=why_unplaceable(wanted, nodes)), None
+        feas = feasibility(self.sweep, flags, self._devices(nodes))
+        if feas is not None and not feas.ok:
+            return TrialOutcome(started_at=now, argv=(), fail_reason="infeasible",
+                                fail_detail="; ".join(feas.reasons)), feas
+        return None, feas
 
     def _record_interrupted(self, number: int, params: dict, is_baseline: bool) -> None:
         outcome = TrialOutcome(started_at=datetime.now(timezone.utc), argv=(),
@@ -88,7 +120,7 @@ class Runner:
         self.store.write_trial(trial_row(ctx, outcome, None, self.columns), self.columns)
 
     def _trial(self, p: Proposal, flags: dict, wanted: list[Bundle], plan: LoadPlan,
-               progress: Progress) -> TrialOutcome:
+               progress: Progress, feas: Feasibility | None) -> TrialOutcome:
         """Runs in a worker thread; releases its 'waiting for placement' slot exactly once."""
         released = threading.Event()
 
@@ -99,6 +131,8 @@ class Runner:
                     self._unplaced -= 1
 
         model = str(self.spec.model)
+        for warning in feas.warnings if feas is not None else ():
+            progress.phase(p.number, f"note: {warning}")
         try:
             return run_trial(self.launcher, lambda host, port: server_argv(model, flags, host, port),
                              plan, self.store.log_path(p.number), wanted,
@@ -139,6 +173,13 @@ class Runner:
         self.recover()
         done = self.tuner.finished()
         target += self.tuner.waiting_retries()
+        if spec.search.sampler == "grid":
+            whole = grid_size(self.sweep.space) + int(spec.search.baseline)
+            if target > whole:
+                self.console.print(f"the grid holds {whole} configurations"
+                                   f"{' (with the baseline)' if spec.search.baseline else ''}: "
+                                   f"running {whole} trials, not {target}")
+                target = whole
         if done >= target:
             self.console.print(f"study '{spec.name}' already holds {done} finished trials "
                                f"(target {target}); nothing to run. Use --add-trials N to extend.")
@@ -149,7 +190,7 @@ class Runner:
         ttft_key = next((k for k in spec.sla if "ttft" in k), "p99_ttft_ms")
         tpot_key = next((k for k in spec.sla if "tpot" in k), "p99_tpot_ms")
         limit = spec.concurrent_trials or 256
-        running: dict[Future, tuple[Proposal, dict]] = {}
+        running: dict[Future, tuple[Proposal, dict, Feasibility | None]] = {}
         pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial")
         try:
             while done < target:
@@ -159,21 +200,21 @@ class Runner:
                     flags = self._flags(p)
                     wanted = bundles(shape_of(flags), spec.engine, spec.cluster.cpus_per_worker)
                     progress.trial_started(p.number, done + len(running), p.params, p.is_baseline)
-                    nodes = self.launcher.node_resources()
-                    if not fits(wanted, nodes):
-                        outcome = TrialOutcome(started_at=datetime.now(timezone.utc), argv=(),
-                                               fail_reason="unplaceable",
-                                               fail_detail=why_unplaceable(wanted, nodes))
-                        progress.trial_finished(self._record(p, flags, outcome), ttft_key, tpot_key)
+                    rejected, feas = self._rejected(p, flags, wanted,
+                                                    self.launcher.node_resources())
+                    if rejected is not None:
+                        row = self._record(p, flags, rejected, feas)
+                        progress.trial_finished(row, ttft_key, tpot_key)
                         done += 1
                         continue
                     with self._lock:
                         self._unplaced += 1
-                    running[pool.submit(self._trial, p, flags, wanted, plan, progress)] = (p, flags)
+                    running[pool.submit(self._trial, p, flags, wanted, plan, progress,
+                                        feas)] = (p, flags, feas)
                 finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    p, flags = running.pop(fut)
-                    row = self._record(p, flags, fut.result())
+                    p, flags, feas = running.pop(fut)
+                    row = self._record(p, flags, fut.result(), feas)
                     progress.trial_finished(row, ttft_key, tpot_key)
                     done += 1
                     if self._retry(p, row):
@@ -182,7 +223,7 @@ class Runner:
                         progress.note(f"  trial {p.number}: its node died; queued once more")
         except BaseException:
             self.launcher.stop_all()
-            for fut, (p, _) in running.items():
+            for fut, (p, _, _) in running.items():
                 try:
                     fut.result(timeout=120)
                 except BaseException:  # noqa: BLE001 - the trial is recorded as interrupted

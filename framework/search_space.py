@@ -8,10 +8,15 @@ these values, so they must be true for the installed vLLM.
       max-num-seqs: {type: int, low: 2, high: 128, log: true, default: 128}
       max-num-batched-tokens: {type: categorical, choices: [512, 1024, 2048], default: 2048}
       enable-prefix-caching: {type: bool, default: true}
+
+A parameter with `when: {other-flag: value, ...}` is conditional: it is searched (and passed
+to vLLM) only in trials where each named earlier parameter took that value, e.g.
+`num-speculative-tokens: {type: int, low: 1, high: 8, when: {speculative-method: ngram}}`.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -25,6 +30,7 @@ class _Param(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = ""
     help: str = ""
+    when: dict[str, Scalar] = Field(default_factory=dict)
 
 
 class IntParam(_Param):
@@ -80,6 +86,17 @@ class BoolParam(_Param):
 Param = Annotated[IntParam | FloatParam | CategoricalParam | BoolParam, Field(discriminator="type")]
 
 
+def _can_take(param: _Param, value: Scalar) -> bool:
+    if isinstance(param, BoolParam):
+        return isinstance(value, bool)
+    if isinstance(param, CategoricalParam):
+        return value in param.choices
+    if isinstance(param, (IntParam, FloatParam)) and not isinstance(value, bool) \
+            and isinstance(value, (int, float)):
+        return param.low <= value <= param.high
+    return False
+
+
 def _check_range(low: float, high: float, log: bool, default: float | None) -> None:
     if low > high:
         raise ValueError(f"low {low} > high {high}")
@@ -102,14 +119,38 @@ class SearchSpace(BaseModel):
             if name.startswith("-") or not name.replace("-", "").isalnum():
                 raise ValueError(f"parameter {name!r}: use the vLLM flag name without dashes")
             object.__setattr__(param, "name", name)
+        seen: list[str] = []
+        for name, param in self.parameters.items():
+            for other, value in param.when.items():
+                if other not in seen:
+                    raise ValueError(f"parameter {name!r}: when names {other!r}, which is not a "
+                                     "parameter listed before it")
+                if not _can_take(self.parameters[other], value):
+                    raise ValueError(f"parameter {name!r}: when {other}: {value!r} is a value "
+                                     f"{other!r} never takes")
+            seen.append(name)
         return self
 
+    @property
+    def conditional(self) -> bool:
+        return any(p.when for p in self.parameters.values())
+
+    def active(self, name: str, chosen: dict[str, Scalar]) -> bool:
+        """Whether parameter `name` applies given the values chosen for earlier parameters."""
+        return all(other in chosen and chosen[other] == value
+                   for other, value in self.parameters[name].when.items())
+
     def defaults(self) -> dict[str, Scalar]:
-        """vLLM's default for every parameter (the baseline trial's recorded values)."""
-        return {name: p.default for name, p in self.parameters.items() if p.default is not None}
+        """vLLM's default for every parameter active at the defaults (the baseline trial's
+        recorded values)."""
+        out: dict[str, Scalar] = {}
+        for name, p in self.parameters.items():
+            if p.default is not None and self.active(name, out):
+                out[name] = p.default
+        return out
 
     def missing_defaults(self) -> list[str]:
-        return [name for name, p in self.parameters.items() if p.default is None]
+        return [name for name, p in self.parameters.items() if p.default is None and not p.when]
 
 
 def load_search_space(path: Path) -> SearchSpace:
@@ -120,3 +161,32 @@ def load_search_space(path: Path) -> SearchSpace:
     except ValidationError as exc:
         key, value, msg = first_error(exc)
         raise ConfigError(str(path), key, value, msg) from None
+
+
+def grid_values(space: SearchSpace, max_points: int = 4096) -> dict[str, list[Scalar]]:
+    """Every value of every parameter, for the grid sampler: choices, both booleans, or each
+    step of an int range. Raises ValueError naming the parameter for a float range, a
+    conditional space, or a grid of more than `max_points` configurations."""
+    grid: dict[str, list[Scalar]] = {}
+    for name, p in space.parameters.items():
+        if p.when:
+            raise ValueError(f"parameter {name!r} is conditional (when); the grid sampler needs "
+                             "every parameter in every trial")
+        if isinstance(p, BoolParam):
+            grid[name] = [False, True]
+        elif isinstance(p, CategoricalParam):
+            grid[name] = list(p.choices)
+        elif isinstance(p, IntParam):
+            grid[name] = list(range(p.low, p.high + 1, p.step))
+        else:
+            raise ValueError(f"parameter {name!r} is a float range; the grid sampler needs a "
+                             "categorical list of values")
+    size = math.prod(len(values) for values in grid.values())
+    if size > max_points:
+        raise ValueError(f"the grid has {size} configurations (more than {max_points}); use "
+                         "categorical choices for the large ranges")
+    return grid
+
+
+def grid_size(space: SearchSpace) -> int:
+    return math.prod(len(values) for values in grid_values(space).values())

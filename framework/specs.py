@@ -22,7 +22,7 @@ Scalar = bool | int | float | str
 
 _LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput",
-                      "request_goodput")
+                      "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -86,6 +86,7 @@ class WorkloadSpec(_Spec):
     """
 
     dataset: Literal["random", "sharegpt", "prefix-shared"] = "random"
+    tokenizer: Path | None = None  # folder with tokenizer.json; default: the model folder
     dataset_path: Path | None = None
     min_prompt_tokens: int | None = Field(default=None, gt=0)
     max_prompt_tokens: int | None = Field(default=None, gt=0)
@@ -139,27 +140,70 @@ class WorkloadSpec(_Spec):
         return self
 
 
+def _known_metric(metric: str) -> str:
+    if metric not in THROUGHPUT_METRICS and not is_latency_metric(metric):
+        raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(THROUGHPUT_METRICS)} "
+                         "or a latency key like p99_ttft_ms")
+    return metric
+
+
+def natural_direction(metric: str) -> Literal["maximize", "minimize"]:
+    """Throughputs are maximized, latencies minimized."""
+    return "maximize" if metric in THROUGHPUT_METRICS else "minimize"
+
+
 class ObjectiveSpec(_Spec):
+    """What the search optimizes. `metric`: a throughput (`*_per_gpu` = divided by TP x PP)
+    or a latency key. `pareto_with`: further metrics for a multi-objective search (each in
+    its natural direction: throughputs up, latencies down); the study then holds a Pareto
+    front, `best --pareto` prints it, and `metric` still ranks `best`."""
+
     metric: str = "output_throughput"
     direction: Literal["maximize", "minimize"] = "maximize"
+    pareto_with: tuple[str, ...] = ()
 
     @field_validator("metric")
     @classmethod
-    def _known_metric(cls, metric: str) -> str:
-        if metric not in THROUGHPUT_METRICS and not is_latency_metric(metric):
-            raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(THROUGHPUT_METRICS)} "
-                             "or a latency key like p99_ttft_ms")
-        return metric
+    def _known(cls, metric: str) -> str:
+        return _known_metric(metric)
+
+    @field_validator("pareto_with")
+    @classmethod
+    def _known_all(cls, metrics: tuple[str, ...]) -> tuple[str, ...]:
+        for metric in metrics:
+            _known_metric(metric)
+        if len(set(metrics)) != len(metrics):
+            raise ValueError(f"repeats a metric: {list(metrics)}")
+        return metrics
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ObjectiveSpec:
+        if self.metric in self.pareto_with:
+            raise ValueError(f"pareto_with repeats the objective metric {self.metric}")
+        return self
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return (self.metric, *self.pareto_with)
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return (self.direction, *(natural_direction(m) for m in self.pareto_with))
+
+
+Sampler = Literal["tpe", "random", "grid", "nsga2"]
 
 
 class SearchSpec(_Spec):
-    """How Optuna searches. `trial_timeout_s`: deadline of one trial from the moment its
+    """How Optuna searches. `sampler`: tpe (default; multivariate, constraint-aware), random,
+    grid (every combination of a small discrete space, then stops), nsga2 (multi-objective
+    evolutionary). `trial_timeout_s`: deadline of one trial from the moment its
     placement group is placed (start-up, warm-up and load; queueing for placement excluded),
     FAIL(trial_timeout) past it. `requeue_interrupted`: a trial interrupted by a stopped or
     killed driver runs again, as a new trial, when the sweep resumes.
     """
 
-    sampler: Literal["tpe", "random"] = "tpe"
+    sampler: Sampler = "tpe"
     n_trials: int = Field(default=10, gt=0)
     seed: int = 0
     baseline: bool = True
@@ -200,6 +244,7 @@ class SweepSpec(_Spec):
     search_space: Path
     engine: Literal["cpu", "gpu", "fake"] = "cpu"  # fake: FakeEngine, for scheduling tests
     server: ServerSpec = ServerSpec()
+    gpu: str | None = None  # GPU type (feasibility.GPUS) for the memory model, engine gpu
     workload: WorkloadSpec = WorkloadSpec()
     objective: ObjectiveSpec = ObjectiveSpec()
     sla: dict[str, float] = Field(default_factory=dict)
@@ -213,6 +258,15 @@ class SweepSpec(_Spec):
         if self.cluster.max_concurrent_trials is not None:
             return self.cluster.max_concurrent_trials
         return 1 if self.engine == "cpu" else None
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str | None) -> str | None:
+        from framework.feasibility import GPUS
+
+        if gpu is not None and gpu not in GPUS:
+            raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
+        return gpu
 
     @field_validator("name")
     @classmethod
@@ -238,7 +292,7 @@ class SweepSpec(_Spec):
     @model_validator(mode="after")
     def _percentiles_cover_sla(self) -> SweepSpec:
         have = {percentile_key(m, p) for m in LATENCY_METRICS for p in self.workload.percentiles}
-        for key in [*self.sla, self.objective.metric]:
+        for key in [*self.sla, *self.objective.metrics]:
             if key.startswith("p") and key not in have:
                 raise ValueError(f"{key} needs percentile {key.split('_', 1)[0][1:]} in "
                                  f"workload.percentiles {list(self.workload.percentiles)}")

@@ -29,6 +29,7 @@ class Status:
     feasible: int
     infeasible: int
     failed: dict[str, int]
+    rejected: int  # INFEASIBLE: ruled out by the feasibility model, never launched
     best_objective: float | None
     best_trial: int | None
     elapsed_s: float
@@ -43,7 +44,8 @@ class Status:
         driver = f"running (pid {self.driver_pid})" if self.driver_pid else "not running"
         return [f"sweep {name}: {self.finished}/{self.target} trials finished; driver {driver}",
                 f"  complete {self.complete} (feasible {self.feasible}, SLA violated "
-                f"{self.infeasible}); failed: {fails}",
+                f"{self.infeasible}); infeasible (not launched) {self.rejected}; "
+                f"failed: {fails}",
                 f"  best feasible: {best}",
                 f"  elapsed {self.elapsed_s / 60:.1f} min; remaining {remaining}"]
 
@@ -62,9 +64,9 @@ def live_driver(state_file: Path) -> int | None:
 def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize: bool,
                  concurrency: int, driver_pid: int | None) -> Status:
     if trials.empty:
-        return Status(0, target, 0, 0, 0, {}, None, None, 0.0, None, driver_pid)
+        return Status(0, target, 0, 0, 0, {}, 0, None, None, 0.0, None, driver_pid)
     complete = trials[trials["state"] == "COMPLETE"]
-    failed = trials[trials["state"] != "COMPLETE"]["fail_reason"].fillna("unknown")
+    failed = trials[trials["state"] == "FAIL"]["fail_reason"].fillna("unknown")
     starts = trials["started_at"].dropna()
     ends = (trials["started_at"] + pd.to_timedelta(trials["trial_s"].fillna(0), unit="s")).dropna()
     elapsed = (ends.max() - starts.min()).total_seconds() if len(starts) else 0.0
@@ -76,6 +78,7 @@ def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize:
                   feasible=int((complete["feasible"] == True).sum()),  # noqa: E712
                   infeasible=int((complete["feasible"] == False).sum()),  # noqa: E712
                   failed=failed.value_counts().to_dict(),
+                  rejected=int((trials["state"] == "INFEASIBLE").sum()),
                   best_objective=best.objective if best else None,
                   best_trial=best.number if best else None, elapsed_s=elapsed,
                   remaining_s=remaining, driver_pid=driver_pid)
@@ -97,3 +100,19 @@ def best_as_yaml(trials: pd.DataFrame, params: list[str], maximize: bool,
 def _plain(value: object) -> object:
     """numpy / pandas scalars -> Python scalars (for YAML)."""
     return value.item() if hasattr(value, "item") else value
+
+
+def pareto_trials(trials: pd.DataFrame, metrics: list[str], directions: list[str]) -> pd.DataFrame:
+    """The feasible trials no other feasible trial dominates (at least as good in every metric,
+    better in one; directions 'maximize' / 'minimize'), sorted by the first metric, best first."""
+    ok = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
+    ok = ok.dropna(subset=metrics)
+    signs = [1.0 if d == "maximize" else -1.0 for d in directions]
+    points = [[s * float(row[m]) for m, s in zip(metrics, signs)] for _, row in ok.iterrows()]
+
+    def dominated(i: int) -> bool:
+        return any(all(q >= p for q, p in zip(other, points[i])) and other != points[i]
+                   for other in points)
+
+    front = ok.iloc[[i for i in range(len(points)) if not dominated(i)]]
+    return front.sort_values(metrics[0], ascending=directions[0] != "maximize")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +12,15 @@ from framework.errors import ConfigError
 from framework.objective import goodput_slo_ms
 from framework.flag_check import installed_vllm_flags, unknown_flag
 from framework.model_info import read_model_info
-from framework.search_space import CategoricalParam, IntParam, SearchSpace, load_search_space
-from framework.specs import SweepSpec, load_sweep
+from framework.feasibility import GPUS, Feasibility, ModelFacts, check, check_cpu, read_model_facts
+from framework.search_space import (
+    CategoricalParam,
+    IntParam,
+    SearchSpace,
+    grid_values,
+    load_search_space,
+)
+from framework.specs import Scalar, SweepSpec, load_sweep
 from framework.store import ResultStore
 from framework.trial import LoadPlan
 from framework.workload import Dataset, arrival_offsets, load_tokenizer
@@ -20,11 +28,13 @@ from framework.workload import Dataset, arrival_offsets, load_tokenizer
 
 @dataclass(frozen=True)
 class Sweep:
-    """A validated sweep: its spec, its search space and where the sweep file was."""
+    """A validated sweep: its spec, its search space, where the sweep file was, and the
+    model's architecture facts (None for the fake engine without a `gpu`)."""
 
     path: Path
     spec: SweepSpec
     space: SearchSpace
+    facts: ModelFacts | None = None
 
     @property
     def store(self) -> ResultStore:
@@ -53,11 +63,34 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if check_flags and name is not None and not os.environ.get(name):
         raise ConfigError(str(path), "server.api_key_env", name,
                           f"environment variable {name} is not set (it holds the servers' API key)")
+    if spec.search.sampler == "grid":
+        try:
+            grid_values(space)
+        except ValueError as exc:
+            raise ConfigError(str(path), "search.sampler", "grid", str(exc)) from None
+    facts = None
+    if spec.engine != "fake" or spec.gpu is not None:
+        facts = read_model_facts(spec.model, str(path))
     if spec.engine != "fake":  # FakeEngine serves no model and is no vLLM
         _check_tensor_parallel(path, spec, space)
         if check_flags:
             _check_vllm_flags(path, spec, space)
-    return Sweep(path=path, spec=spec, space=space)
+    return Sweep(path=path, spec=spec, space=space, facts=facts)
+
+
+def feasibility(sw: Sweep, flags: Mapping[str, Scalar | None],
+                devices: int | None) -> Feasibility | None:
+    """The memory model and static rules for one trial's flags (None when not applicable:
+    a GPU sweep without `gpu:`, or the fake engine without one). CPU engine: the KV space is
+    VLLM_CPU_KVCACHE_SPACE GiB of the servers' environment."""
+    if sw.facts is None:
+        return None
+    if sw.spec.engine == "cpu":
+        kv_gib = float(server_env(sw.spec).get("VLLM_CPU_KVCACHE_SPACE", "4"))
+        return check_cpu(sw.facts, kv_gib, flags, devices)
+    if sw.spec.gpu is None:
+        return None
+    return check(sw.facts, GPUS[sw.spec.gpu], flags, devices)
 
 
 def _tp_values(space: SearchSpace) -> list[int]:
@@ -109,7 +142,12 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
     `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs."""
     w = spec.workload
-    tok = load_tokenizer(spec.model)
+    try:
+        tok = load_tokenizer(w.tokenizer or spec.model)
+    except FileNotFoundError as exc:
+        key = "workload.tokenizer" if w.tokenizer else "model"
+        raise ConfigError(spec.name, key, str(w.tokenizer or spec.model),
+                          f"{exc} (set workload.tokenizer to a folder with tokenizer.json)") from None
     dataset = Dataset(name=w.dataset, input_len=w.input_len, output_len=w.output_len,
                       range_ratio=w.range_ratio, path=w.dataset_path,
                       min_prompt_tokens=w.min_prompt_tokens, max_prompt_tokens=w.max_prompt_tokens,

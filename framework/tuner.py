@@ -9,7 +9,7 @@ Feasibility uses Optuna's constraint convention (`trial.set_constraint`, feasibl
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,14 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 
-from framework.search_space import BoolParam, CategoricalParam, FloatParam, IntParam, SearchSpace
+from framework.search_space import (
+    BoolParam,
+    CategoricalParam,
+    FloatParam,
+    IntParam,
+    SearchSpace,
+    grid_values,
+)
 from framework.specs import Scalar
 
 BASELINE_ATTR = "baseline"
@@ -47,13 +54,26 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     return out
 
 
+# Failures that say something about the configuration itself. They are told to Optuna as a
+# COMPLETE trial with a violated `feasibility` constraint (so constraint-aware samplers steer
+# away from their neighbourhood); other failures (node lost, interrupted, timeouts) are FAIL
+# and are not held against the configuration.
+CONFIG_FAILURES = frozenset({"infeasible", "invalid_args", "oom_at_startup", "startup_crash",
+                             "unplaceable"})
+FEASIBILITY = "feasibility"
+_WORST = {"maximize": 0.0, "minimize": 1e12}  # placeholder values of trials never measured
+MAX_GRID = 4096
+
+
 @dataclass(frozen=True)
 class Evaluation:
-    """What one trial tells the study: a value and constraints, or a failure reason."""
+    """What one trial tells the study: a value (or one per objective) and constraints, or a
+    failure reason; `violation` grades a configuration failure (default 1)."""
 
-    objective: float | None
+    objective: float | Sequence[float] | None
     constraints: Mapping[str, float]
     fail_reason: str | None = None
+    violation: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,21 +85,57 @@ class Proposal:
     retry_of: int | None = None
 
 
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler without its `study.stop()` once the grid is exhausted, which raises
+    outside `study.optimize`; the runner stops at the grid's size instead."""
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
+        return None
+
+
+def _sampler(name: str, space: SearchSpace, seed: int, startup_trials: int,
+             population: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return _AskTellGridSampler(grid_values(space), seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def _suggest(trial: optuna.trial.Trial, name: str, dist: BaseDistribution) -> Scalar:
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    if isinstance(dist, FloatDistribution):
+        return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
+    assert isinstance(dist, CategoricalDistribution)
+    return trial.suggest_categorical(name, dist.choices)
+
+
 class Tuner:
-    def __init__(self, journal: Path, study_name: str, space: SearchSpace, maximize: bool,
-                 sampler: str, seed: int, startup_trials: int) -> None:
+    """`directions`: one per objective ("maximize" / "minimize"); `constraint_keys`: the SLA
+    keys, set on every trial (with `feasibility`) so all trials carry the same constraints."""
+
+    def __init__(self, journal: Path, study_name: str, space: SearchSpace,
+                 directions: Sequence[str], sampler: str, seed: int, startup_trials: int,
+                 constraint_keys: Sequence[str] = ()) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         journal.parent.mkdir(parents=True, exist_ok=True)
         backend = JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal)))
+        self.directions = tuple(directions)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            samplers = {"tpe": lambda: optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=startup_trials),
-                        "random": lambda: optuna.samplers.RandomSampler(seed=seed)}
             self.study = optuna.create_study(
                 study_name=study_name, storage=JournalStorage(backend),
-                direction="maximize" if maximize else "minimize",
-                sampler=samplers[sampler](), load_if_exists=True)
+                directions=list(self.directions),
+                sampler=_sampler(sampler, space, seed, startup_trials,
+                                 population=max(4, min(50, 2 * startup_trials))),
+                load_if_exists=True)
+        self.space = space
+        self.constraint_keys = tuple(constraint_keys)
         self._dists = distributions(space)
 
     def close_interrupted(self) -> list[int]:
@@ -113,20 +169,72 @@ class Tuner:
         return sum(1 for t in waiting if RETRY_OF_ATTR in t.user_attrs)
 
     def ask(self) -> Proposal:
-        trial = self.study.ask(fixed_distributions=self._dists)
-        return Proposal(number=trial.number, params=dict(trial.params),
+        """The next configuration. A conditional space is asked define-by-run: a parameter is
+        suggested only when its `when` holds for the values chosen before it."""
+        if not self.space.conditional:
+            trial = self.study.ask(fixed_distributions=self._dists)
+            params = dict(trial.params)
+        else:
+            trial = self.study.ask()
+            params = {}
+            for name in self.space.parameters:
+                if self.space.active(name, params):
+                    params[name] = _suggest(trial, name, self._dists[name])
+        return Proposal(number=trial.number, params=params,
                         is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR)), trial=trial,
                         retry_of=trial.user_attrs.get(RETRY_OF_ATTR))
 
     def tell(self, proposal: Proposal, ev: Evaluation) -> None:
         trial = proposal.trial
         if ev.fail_reason is not None or ev.objective is None:
-            trial.set_user_attr(FAIL_REASON_ATTR, ev.fail_reason or "internal")
-            self.study.tell(trial, state=TrialState.FAIL)
+            reason = ev.fail_reason or "internal"
+            trial.set_user_attr(FAIL_REASON_ATTR, reason)
+            if reason not in CONFIG_FAILURES:
+                self.study.tell(trial, state=TrialState.FAIL)
+                return
+            self._constrain(trial, {}, violation=max(ev.violation, 1e-6))
+            self.study.tell(trial, [_WORST[d] for d in self.directions])
             return
-        for key, value in ev.constraints.items():
-            trial.set_constraint(key, value)
-        self.study.tell(trial, ev.objective)
+        self._constrain(trial, ev.constraints, violation=0.0)
+        values = [ev.objective] if isinstance(ev.objective, (int, float)) else list(ev.objective)
+        self.study.tell(trial, values)
+
+    def _constrain(self, trial: optuna.trial.Trial, sla: Mapping[str, float],
+                   violation: float) -> None:
+        for key in self.constraint_keys:
+            trial.set_constraint(key, float(sla.get(key, 0.0)))
+        trial.set_constraint(FEASIBILITY, violation)
 
     def fail(self, proposal: Proposal, reason: str) -> None:
         self.tell(proposal, Evaluation(objective=None, constraints={}, fail_reason=reason))
+
+
+def param_importances(journal: Path, study_name: str) -> dict[str, float]:
+    """Optuna's parameter importances (normalized, highest first) for the primary objective,
+    over the measured trials of the study in `journal` (COMPLETE without a failure reason:
+    configuration failures carry placeholder values), opened without writing to it, for the
+    parameters that differ among them; {} when the journal or study is missing, fewer than 2
+    trials were measured, no parameter differs, or Optuna cannot evaluate the study."""
+    if not journal.is_file():
+        return {}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend = JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal)))
+    try:
+        study = optuna.load_study(study_name=study_name, storage=JournalStorage(backend))
+    except KeyError:
+        return {}
+    measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if FAIL_REASON_ATTR not in t.user_attrs]
+    names = sorted({name for t in measured for name in t.params})
+    varying = [n for n in names if len({repr(t.params.get(n)) for t in measured}) > 1]
+    if len(measured) < 2 or not varying:
+        return {}
+    copy = optuna.create_study(directions=study.directions)
+    copy.add_trials(measured)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return dict(optuna.importance.get_param_importances(
+                copy, params=varying, target=lambda t: t.values[0]))
+    except (RuntimeError, ValueError, ZeroDivisionError):
+        return {}

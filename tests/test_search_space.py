@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from framework.errors import ConfigError
 from framework.search_space import (
@@ -12,6 +13,9 @@ from framework.search_space import (
     CategoricalParam,
     FloatParam,
     IntParam,
+    SearchSpace,
+    grid_size,
+    grid_values,
     load_search_space,
 )
 
@@ -139,3 +143,38 @@ def test_missing_search_space_file(tmp_path):
         load_search_space(path)
     assert info.value.key == "(file)"
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"a": {"type": "int", "low": 1, "high": 4, "when": {"b": True}},
+      "b": {"type": "bool"}}, "not a parameter listed before it"),
+    ({"b": {"type": "bool"}, "a": {"type": "int", "low": 1, "high": 4, "when": {"b": 3}}},
+     "a value 'b' never takes"),
+    ({"b": {"type": "categorical", "choices": ["x", "y"]},
+      "a": {"type": "int", "low": 1, "high": 4, "when": {"b": "z"}}}, "never takes"),
+])
+def test_bad_conditions_are_rejected(parameters, message):
+    with pytest.raises(ValidationError) as err:
+        SearchSpace.model_validate({"parameters": parameters})
+    assert message in str(err.value)
+
+
+def test_grid_values_and_size():
+    space = SearchSpace.model_validate({"parameters": {
+        "a": {"type": "int", "low": 2, "high": 8, "step": 2},
+        "b": {"type": "bool"}, "c": {"type": "categorical", "choices": [1, "x"]}}})
+    assert grid_values(space) == {"a": [2, 4, 6, 8], "b": [False, True], "c": [1, "x"]}
+    assert grid_size(space) == 16
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"f": {"type": "float", "low": 0.8, "high": 0.95}}, "float range"),
+    ({"b": {"type": "bool"}, "a": {"type": "int", "low": 1, "high": 4, "when": {"b": True}}},
+     "conditional"),
+    ({"a": {"type": "int", "low": 1, "high": 100}, "b": {"type": "int", "low": 1, "high": 100}},
+     "10000 configurations"),
+])
+def test_grid_refuses_what_it_cannot_enumerate(parameters, message):
+    space = SearchSpace.model_validate({"parameters": parameters})
+    with pytest.raises(ValueError, match=message):
+        grid_values(space)

@@ -127,7 +127,7 @@ MALFORMED = [
     ("name-too-long", f"name: {'a' * 65}\nmodel: m\nsearch_space: s\n", "name", ()),
     ("name-missing", "model: m\nsearch_space: s\n", "name", ("Field required",)),
     ("engine-unknown", BASE + "engine: tpu\n", "engine", ("'tpu'",)),
-    ("sampler-unknown", BASE + "search: {sampler: grid}\n", "search.sampler", ("'grid'",)),
+    ("sampler-unknown", BASE + "search: {sampler: cmaes}\n", "search.sampler", ("'cmaes'",)),
     ("n-trials-zero", BASE + "search: {n_trials: 0}\n", "search.n_trials", ()),
     ("startup-trials-negative", BASE + "search: {startup_trials: -1}\n", "search.startup_trials", ()),
     ("cpus-per-worker-zero", BASE + "cluster: {cpus_per_worker: 0}\n", "cluster.cpus_per_worker", ()),

@@ -31,6 +31,7 @@ def write_rows(results: Path) -> None:
         (1, {**base, "max-num-seqs": 16}, False, 150.0, True, None),
         (2, {**base, "max-num-seqs": 4}, False, 400.0, False, None),  # best value, but infeasible
         (3, {**base, "max-num-seqs": 8}, False, None, None, "startup_crash"),
+        (4, {**base, "max-num-seqs": 2}, False, None, None, "infeasible"),
     ]
     for number, params, baseline, objective, feasible, fail in cases:
         outcome = TrialOutcome(started_at=T0 + timedelta(seconds=60 * number), argv=("--x",),
@@ -66,11 +67,12 @@ def test_status_of_a_killed_sweep(tmp_path, tiny_model):
     res = cli("status", str(sweep_file(tmp_path, tiny_model)))
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "4/10 trials finished; driver not running" in out
-    assert "complete 3 (feasible 2, SLA violated 1); failed: startup_crash 1" in out
+    assert "5/10 trials finished; driver not running" in out
+    assert ("complete 3 (feasible 2, SLA violated 1); infeasible (not launched) 1; "
+            "failed: startup_crash 1") in out
     assert "best feasible: trial 1: output_throughput = 150" in out
-    # 3 minutes between the first start and the last end (40 s); 6 trials x 40 s remain.
-    assert "elapsed 3.7 min; remaining ~4.0 min" in out
+    # 4 minutes between the first start and the last end (40 s); 5 trials x 40 s remain.
+    assert "elapsed 4.7 min; remaining ~3.3 min" in out
 
 
 def test_best_is_the_best_feasible_trial_as_command_and_yaml(tmp_path, tiny_model):
@@ -89,3 +91,20 @@ def test_best_is_the_best_feasible_trial_as_command_and_yaml(tmp_path, tiny_mode
 def test_best_without_a_feasible_trial_exits_1(tmp_path, tiny_model):
     res = cli("best", str(sweep_file(tmp_path, tiny_model)))
     assert res.returncode == 1 and "no feasible trial yet" in res.stderr
+
+
+def test_pareto_trials_keeps_the_feasible_non_dominated_ones():
+    import pandas as pd
+
+    from framework.status import pareto_trials
+
+    trials = pd.DataFrame({
+        "trial_number": [0, 1, 2, 3, 4, 5],
+        "state": ["COMPLETE"] * 5 + ["FAIL"],
+        "feasible": [True, True, True, False, True, None],
+        "output_throughput": [10.0, 20.0, 15.0, 99.0, 20.0, None],
+        "p99_ttft_ms": [100.0, 300.0, 400.0, 1.0, 300.0, None],
+    })
+    front = pareto_trials(trials, ["output_throughput", "p99_ttft_ms"], ["maximize", "minimize"])
+    # 2 is dominated by 1; 3 is infeasible; 1 and 4 tie (neither dominates the other)
+    assert list(front["trial_number"]) in ([1, 4, 0], [4, 1, 0])

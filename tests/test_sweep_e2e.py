@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from framework.diagnosis import VERDICTS
+from tests.browser import check_sweep_report
 from tests.conftest import CLI, ROOT, cli_env, new_marker, read_until, run_cli, wait_no_marked_processes
 
 pytestmark = pytest.mark.server
@@ -89,7 +91,16 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
         # Extending continues the numbering of the same study.
         more = run_cli(["run", str(sweep), "--add-trials", "1"], short_tmp, env, timeout_s=600)
         assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
-        assert list(read_trials(short_tmp / "results", "e2e")["trial_number"]) == [0, 1, 2]
+        trials = read_trials(short_tmp / "results", "e2e")
+        assert list(trials["trial_number"]) == [0, 1, 2]
+        assert set(trials["diagnosis"]) <= set(VERDICTS) - {"not_measured"}, trials["diagnosis"]
+        assert trials["diagnosis_detail"].str.len().gt(20).all()
+        assert (trials["est_kv_tokens_capacity"] > 0).all()  # the CPU engine's KV space model
+        assert (trials["output_throughput_per_gpu"] == trials["output_throughput"]).all()  # TP 1
+
+        # The report of this real sweep renders in headless Chromium with its plots, no errors.
+        html, rendered = check_sweep_report(sweep, short_tmp, env)
+        assert rendered.plot_count >= 3 and html.parent == short_tmp / "results" / "e2e"
     finally:
         assert wait_no_marked_processes(marker) == []
 

@@ -9,7 +9,14 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from framework.search_space import load_search_space
-from framework.tuner import BASELINE_ATTR, FAIL_REASON_ATTR, Evaluation, Tuner, distributions
+from framework.tuner import (
+    BASELINE_ATTR,
+    CONFIG_FAILURES,
+    FAIL_REASON_ATTR,
+    Evaluation,
+    Tuner,
+    distributions,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SPACE = load_search_space(REPO / "search_spaces" / "tiny_cpu.yaml")
@@ -18,8 +25,9 @@ DEFAULTS = {"max-num-seqs": 128, "max-num-batched-tokens": 2048,
 
 
 def make_tuner(journal: Path, *, maximize: bool = True, sampler: str = "tpe") -> Tuner:
-    return Tuner(journal, "quickstart", SPACE, maximize=maximize, sampler=sampler, seed=0,
-                 startup_trials=2)
+    return Tuner(journal, "quickstart", SPACE, ["maximize" if maximize else "minimize"],
+                 sampler=sampler, seed=0, startup_trials=2,
+                 constraint_keys=["p99_ttft_ms", "error_rate"])
 
 
 @pytest.fixture
@@ -121,14 +129,15 @@ def test_best_trial_is_best_feasible(journal, maximize, feasible_value, infeasib
     best = tuner.study.best_trial
     assert best.number == good.number
     assert best.value == feasible_value
-    assert best.constraints == {"p99_ttft_ms": -0.1, "error_rate": 0.0}
+    assert best.constraints == {"p99_ttft_ms": -0.1, "error_rate": 0.0, "feasibility": 0.0}
     stored_bad = tuner.study.trials[bad.number]
     assert stored_bad.state == TrialState.COMPLETE
-    assert stored_bad.constraints == {"p99_ttft_ms": 0.5, "error_rate": -0.01}
+    assert stored_bad.constraints == {"p99_ttft_ms": 0.5, "error_rate": -0.01, "feasibility": 0.0}
 
 
 @pytest.mark.parametrize(("evaluation", "reason"), [
-    (Evaluation(objective=None, constraints={}, fail_reason="startup_crash"), "startup_crash"),
+    (Evaluation(objective=None, constraints={}, fail_reason="startup_timeout"), "startup_timeout"),
+    (Evaluation(objective=None, constraints={}, fail_reason="node_lost"), "node_lost"),
     # a value with a failure reason is still a failure
     (Evaluation(objective=3.0, constraints={"p99_ttft_ms": -1.0}, fail_reason="server_died"),
      "server_died"),
@@ -144,6 +153,23 @@ def test_failed_evaluation(journal, evaluation, reason):
     assert t.user_attrs[FAIL_REASON_ATTR] == reason
     assert t.value is None
     assert tuner.finished() == 1
+
+
+@pytest.mark.parametrize("reason", sorted(CONFIG_FAILURES))
+@pytest.mark.parametrize("maximize", [True, False])
+def test_configuration_failures_are_violated_constraints(journal, reason, maximize):
+    """A configuration's own failure is a COMPLETE trial whose `feasibility` constraint is
+    violated by its magnitude (so constraint-aware samplers avoid its neighbourhood); the SLA
+    constraints are neutral (0) and the value a placeholder no feasible trial loses to."""
+    tuner = make_tuner(journal, maximize=maximize)
+    p = tuner.ask()
+    tuner.tell(p, Evaluation(objective=None, constraints={}, fail_reason=reason, violation=2.5))
+    t = tuner.study.trials[p.number]
+    assert t.state == TrialState.COMPLETE and t.user_attrs[FAIL_REASON_ATTR] == reason
+    assert t.constraints == {"p99_ttft_ms": 0.0, "error_rate": 0.0, "feasibility": 2.5}
+    good = tuner.ask()
+    tuner.tell(good, ok(1.0 if maximize else 1e6, p99_ttft_ms=-0.1, error_rate=0.0))
+    assert tuner.study.best_trial.number == good.number
 
 
 def test_fail_helper(journal):
@@ -228,3 +254,52 @@ def test_close_interrupted_several_including_baseline(journal):
     assert fresh.finished() == 2
     assert all(t.user_attrs[FAIL_REASON_ATTR] == "interrupted" for t in fresh.study.trials)
     assert fresh.study.trials[0].user_attrs[BASELINE_ATTR] is True
+
+
+def space_of(parameters: dict):
+    from framework.search_space import SearchSpace
+
+    return SearchSpace.model_validate({"parameters": parameters})
+
+
+def test_grid_sampler_visits_every_configuration_exactly_once(tmp_path):
+    space = space_of({"max-num-seqs": {"type": "categorical", "choices": [8, 16, 32]},
+                      "enable-prefix-caching": {"type": "bool"},
+                      "block-size": {"type": "int", "low": 16, "high": 32, "step": 16}})
+    tuner = Tuner(tmp_path / "j", "grid", space, ["maximize"], "grid", seed=0, startup_trials=2)
+    seen = []
+    for i in range(12):
+        p = tuner.ask()
+        seen.append(tuple(p.params[k] for k in space.parameters))
+        tuner.tell(p, ok(float(i)))
+    assert sorted(seen) == sorted((s, c, b) for s in (8, 16, 32) for c in (False, True)
+                                  for b in (16, 32))
+
+
+@pytest.mark.parametrize("sampler", ["nsga2", "tpe", "random"])
+def test_multi_objective_study_keeps_a_pareto_front(tmp_path, sampler):
+    tuner = Tuner(tmp_path / "j", "mo", SPACE, ["maximize", "minimize"], sampler, seed=0,
+                  startup_trials=2, constraint_keys=["p99_ttft_ms"])
+    points = [(10.0, 100.0), (20.0, 300.0), (15.0, 400.0), (5.0, 50.0)]  # (15, 400) dominated
+    for throughput, ttft in points:
+        tuner.tell(tuner.ask(), ok((throughput, ttft), p99_ttft_ms=-0.5))
+    front = sorted(tuple(t.values) for t in tuner.study.best_trials)
+    assert front == [(5.0, 50.0), (10.0, 100.0), (20.0, 300.0)]
+
+
+def test_conditional_parameter_is_asked_only_when_its_condition_holds(tmp_path):
+    space = space_of({
+        "speculative": {"type": "bool", "default": False},
+        "num-speculative-tokens": {"type": "int", "low": 1, "high": 8,
+                                   "when": {"speculative": True}},
+        "max-num-seqs": {"type": "int", "low": 2, "high": 64}})
+    tuner = Tuner(tmp_path / "j", "cond", space, ["maximize"], "random", seed=1, startup_trials=2)
+    flags = []
+    for i in range(30):
+        p = tuner.ask()
+        assert ("num-speculative-tokens" in p.params) == p.params["speculative"], p.params
+        assert "max-num-seqs" in p.params
+        flags.append(p.params["speculative"])
+        tuner.tell(p, ok(float(i)))
+    assert set(flags) == {False, True}
+    assert space.defaults() == {"speculative": False}

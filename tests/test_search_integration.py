@@ -1,0 +1,84 @@
+"""The search end to end on a private Ray with 8 fake GPUs and FakeEngine servers (the named
+stand-in: what is under test is the feasibility model, the study and the rows, not vLLM): the
+70B model's real config.json on A100-80GB, a grid over tensor-parallel sizes, two objectives.
+Configurations the memory model rules out are INFEASIBLE rows that never launch, told to
+Optuna as violated constraints; the rest run and form a Pareto front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+
+from tests.conftest import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.test_sweep_e2e import read_trials
+
+pytestmark = pytest.mark.server
+MODEL_70B = ROOT / "model_configs" / "deepseek-r1-distill-llama-70b"
+
+
+@pytest.mark.timeout(300)
+def test_infeasible_configurations_never_launch_and_the_rest_form_a_pareto_front(
+        tiny_model, short_tmp):
+    space = short_tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4, 8]}}}))
+    sweep = short_tmp / "tp70b.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "tp70b", "model": str(MODEL_70B), "search_space": str(space), "engine": "fake",
+        "gpu": "A100-80GB",
+        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
+        "workload": {"tokenizer": str(tiny_model), "num_prompts": 16, "input_len": 16,
+                     "output_len": 8, "max_concurrency": 4, "warmup_requests": 0},
+        "objective": {"metric": "output_throughput_per_gpu", "direction": "maximize",
+                      "pareto_with": ["p99_ttft_ms"]},
+        "sla": {"p99_ttft_ms": 60000},
+        "search": {"sampler": "grid", "n_trials": 50, "baseline": False},
+        "cluster": {"num_cpus": 2, "num_gpus": 8},
+        "results_dir": str(short_tmp / "results"),
+    }))
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "the grid holds 4 configurations" in res.stdout
+    assert wait_no_marked_processes(marker) == []
+
+    trials = read_trials(short_tmp / "results", "tp70b").set_index("param_tensor_parallel_size")
+    assert sorted(trials.index) == [1, 2, 4, 8]
+    for tp in (1, 2):
+        row = trials.loc[tp]
+        assert row["state"] == "INFEASIBLE" and row["fail_reason"] == "infeasible"
+        assert len(row["placement"]) == 0 and len(row["vllm_argv"]) == 0  # never launched
+    assert "weights need 131" in trials.loc[1, "fail_detail"]  # GiB per GPU at TP 1
+    assert "131072-token sequence needs" in trials.loc[2, "fail_detail"]
+    assert trials.loc[1, "est_weights_gib_per_gpu"] == pytest.approx(2 * trials.loc[2, "est_weights_gib_per_gpu"])
+    for tp in (4, 8):
+        row = trials.loc[tp]
+        assert row["state"] == "COMPLETE", row["fail_detail"]
+        assert row["est_kv_tokens_capacity"] > 131072 and row["est_max_resident_seqs"] >= 1
+        assert row["output_throughput_per_gpu"] == pytest.approx(row["output_throughput"] / tp)
+        assert row["objective"] == pytest.approx(row["output_throughput_per_gpu"])
+        assert len(row["placement"]) == tp
+
+    backend = JournalFileBackend(str(short_tmp / "results" / "tp70b" / "optuna.journal"))
+    study = optuna.load_study(study_name="tp70b", storage=JournalStorage(backend))
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    by_tp = {t.params["tensor-parallel-size"]: t for t in study.trials}
+    # weights 131 GiB vs 72.8 usable: 0.8 short; KV for one sequence 20 GiB vs 5.2: 2.8 short
+    assert 0.5 < by_tp[1].constraints["feasibility"] < by_tp[2].constraints["feasibility"]
+    assert by_tp[4].constraints["feasibility"] == 0 and by_tp[8].constraints["feasibility"] == 0
+    front = {t.params["tensor-parallel-size"] for t in study.best_trials}
+    assert front and front <= {4, 8}
+
+    pareto = run_cli(["best", str(sweep), "--pareto"], short_tmp, env, timeout_s=60)
+    assert pareto.returncode == 0, pareto.stderr
+    assert pareto.stdout.startswith("Pareto front of output_throughput_per_gpu, p99_ttft_ms")
+    assert "--tensor-parallel-size 1 " not in pareto.stdout
+
+    status = run_cli(["status", str(sweep)], short_tmp, env, timeout_s=60)
+    assert "infeasible (not launched) 2" in status.stdout, status.stdout + status.stderr
