@@ -14,6 +14,7 @@ from framework import __version__
 from framework.diagnosis import diagnose
 from framework.feasibility import Feasibility
 from framework.metrics import metric_names
+from framework.provenance import PROVENANCE_COLUMNS
 from framework.objective import Verdict, error_rate
 from framework.search_space import BoolParam, CategoricalParam, FloatParam, IntParam, SearchSpace
 from framework.server_metrics import SERVER_METRIC_COLUMNS
@@ -25,7 +26,8 @@ _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_token
                 "max_concurrent_requests"}
 
 REQUEST_COLUMNS: list[tuple[str, str]] = [
-    ("trial_number", "int"), ("request_index", "int"), ("send_s", "float"), ("ttft_ms", "float"),
+    ("trial_number", "int"), ("step", "int"), ("rate", "float"), ("request_index", "int"),
+    ("send_s", "float"), ("ttft_ms", "float"),
     ("tpot_ms", "float"), ("e2el_ms", "float"), ("itl_ms", "list<float>"),
     ("prompt_tokens", "int"), ("output_tokens", "int"), ("success", "bool"), ("error", "str"),
 ]
@@ -62,10 +64,12 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float]) -> list[tupl
     columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
     columns += [("vllm_argv", "list<str>"), ("serve_command", "str")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
-    columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float")]
+    columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float"),
+                ("capacity_rps", "float"), ("capacity_steps", "int")]
     columns += list(SERVER_METRIC_COLUMNS)
     columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
     columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str")]
+    columns += PROVENANCE_COLUMNS
     columns += [
         ("request_goodput", "float"), ("error_rate", "float"), ("feasible", "bool"),
         ("sla_violations", "str"), ("objective", "float"), ("vllm_version", "str"),
@@ -100,6 +104,7 @@ class TrialContext:
     server_log: str
     feasibility: Feasibility | None = None
     sla: Mapping[str, float] | None = None  # for the diagnosis
+    provenance: Mapping[str, object] | None = None  # framework.provenance
 
 
 def trial_state(outcome: TrialOutcome) -> str:
@@ -154,6 +159,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         row["feasible"] = verdict.feasible
         row["sla_violations"] = "; ".join(verdict.violations)
         row["objective"] = verdict.objective
+    row.update(ctx.provenance or {})
     found = diagnose(row, ctx.sla)
     row["diagnosis"], row["diagnosis_detail"] = found.verdict, found.text
     return row
@@ -164,10 +170,13 @@ def _ms(value: float | None) -> float | None:
 
 
 def request_rows(number: int, outcome: TrialOutcome) -> list[dict[str, object]]:
-    """One row per measured request; send_s is relative to the start of the measured run."""
+    """One row per measured request; `step` numbers the measured runs of the trial (capacity
+    mode's rate steps, else only 0), `rate` is that run's request rate (null: unpaced) and
+    send_s is relative to the start of that run."""
     return [{
-        "trial_number": number, "request_index": r.index, "send_s": r.send_s - outcome.load_start_s,
+        "trial_number": number, "step": index, "rate": step.rate, "request_index": r.index,
+        "send_s": r.send_s - step.start_s,
         "ttft_ms": _ms(r.ttft_s), "tpot_ms": _ms(r.tpot_s), "e2el_ms": _ms(r.e2el_s),
         "itl_ms": [g * 1000.0 for g in r.itl_s], "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens, "success": r.success, "error": r.error or None,
-    } for r in outcome.records]
+    } for index, step in enumerate(outcome.steps) for r in step.records]

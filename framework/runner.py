@@ -25,12 +25,14 @@ from rich.console import Console
 from framework.feasibility import Feasibility
 from framework.objective import evaluate, per_device
 from framework.placement import Bundle, bundles, fits, shape_of, why_unplaceable
+from framework.provenance import provenance
 from framework.report import Progress, print_summary
 from framework.rows import REQUEST_COLUMNS, TrialContext, request_rows, trial_columns, trial_row
 from framework.server_args import serve_command, server_argv, trial_flags
 from framework.search_space import grid_size
 from framework.sweep import Sweep, feasibility, load_plan
-from framework.trial import LoadPlan, ServerLauncher, TrialOutcome, run_trial
+from framework.measure import LoadPlan
+from framework.trial import ServerLauncher, TrialOutcome, run_trial
 from framework.tuner import Evaluation, Proposal, Tuner
 
 
@@ -68,6 +70,7 @@ class Runner:
                            constraint_keys=list(self.spec.sla))
         self._lock = threading.Lock()
         self._unplaced = 0
+        self.provenance = provenance(self.spec, launcher.node_resources())
 
     def _record(self, p: Proposal, flags: dict, outcome: TrialOutcome,
                 feas: Feasibility | None = None) -> dict:
@@ -81,7 +84,7 @@ class Runner:
                            serve_command=serve_command(str(self.spec.model), flags),
                            vllm_version=self.vllm_version,
                            server_log=str(self.store.log_path(p.number)), feasibility=feas,
-                           sla=self.spec.sla)
+                           sla=self.spec.sla, provenance=self.provenance)
         row = trial_row(ctx, outcome, verdict, self.columns)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         self.store.write_trial(row, self.columns)
@@ -115,7 +118,8 @@ class Runner:
         outcome = TrialOutcome(started_at=datetime.now(timezone.utc), argv=(),
                                fail_reason="interrupted", fail_detail="the driver stopped mid-trial")
         ctx = TrialContext(number=number, params=params, is_baseline=is_baseline, serve_command="",
-                           vllm_version=self.vllm_version, server_log=str(self.store.log_path(number)))
+                           vllm_version=self.vllm_version, server_log=str(self.store.log_path(number)),
+                           provenance=self.provenance)
         self.store.write_requests(number, [], REQUEST_COLUMNS)
         self.store.write_trial(trial_row(ctx, outcome, None, self.columns), self.columns)
 

@@ -22,7 +22,8 @@ Scalar = bool | int | float | str
 
 _LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput",
-                      "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu")
+                      "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu",
+                      "capacity_rps")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -220,6 +221,27 @@ class SearchSpec(_Spec):
         return max(2, min(10, self.n_trials // 3))
 
 
+class CapacitySpec(_Spec):
+    """Capacity mode: each trial finds the highest request rate (requests/s) at which the SLA
+    holds on its running server (framework.capacity: bracket from `start_rate` by doubling,
+    then bisect until the bracket is within `tolerance`), and that rate, `capacity_rps`, is
+    the objective. Each step sends round(rate x step_duration_s) requests (at least
+    `min_requests`, at most workload.num_prompts) with workload.burstiness arrivals."""
+
+    start_rate: float = Field(default=1.0, gt=0)
+    max_rate: float = Field(default=256.0, gt=0)
+    tolerance: float = Field(default=0.1, gt=0, lt=1)
+    max_steps: int = Field(default=8, ge=2, le=30)
+    step_duration_s: float = Field(default=15.0, gt=0)
+    min_requests: int = Field(default=20, gt=0)
+
+    @model_validator(mode="after")
+    def _rates(self) -> CapacitySpec:
+        if self.max_rate < self.start_rate:
+            raise ValueError(f"max_rate {self.max_rate} < start_rate {self.start_rate}")
+        return self
+
+
 class ClusterSpec(_Spec):
     """Where trials run. `address: null` (and no RAY_ADDRESS) starts a private local Ray.
 
@@ -249,6 +271,7 @@ class SweepSpec(_Spec):
     objective: ObjectiveSpec = ObjectiveSpec()
     sla: dict[str, float] = Field(default_factory=dict)
     search: SearchSpec = SearchSpec()
+    capacity: CapacitySpec | None = None
     cluster: ClusterSpec = ClusterSpec()
     results_dir: Path = Path("results")
 
@@ -288,6 +311,27 @@ class SweepSpec(_Spec):
             if key != "error_rate" and not limit > 0:
                 raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
         return sla
+
+    @model_validator(mode="before")
+    @classmethod
+    def _capacity_objective(cls, data: Any) -> Any:
+        """With `capacity:` and no `objective:`, the objective is capacity_rps."""
+        if isinstance(data, dict) and data.get("capacity") is not None and "objective" not in data:
+            return {**data, "objective": {"metric": "capacity_rps", "direction": "maximize"}}
+        return data
+
+    @model_validator(mode="after")
+    def _capacity_consistent(self) -> SweepSpec:
+        uses = "capacity_rps" in self.objective.metrics
+        if self.capacity is None and uses:
+            raise ValueError("objective capacity_rps needs a capacity: section")
+        if self.capacity is not None:
+            if self.objective.metric != "capacity_rps" or self.objective.direction != "maximize":
+                raise ValueError("with capacity:, the objective is capacity_rps, maximized")
+            if not self.sla:
+                raise ValueError("capacity: needs an sla: the capacity is the highest rate at "
+                                 "which it holds")
+        return self
 
     @model_validator(mode="after")
     def _percentiles_cover_sla(self) -> SweepSpec:

@@ -22,7 +22,8 @@ from framework.search_space import (
 )
 from framework.specs import Scalar, SweepSpec, load_sweep
 from framework.store import ResultStore
-from framework.trial import LoadPlan
+from framework.capacity import CapacitySettings
+from framework.measure import CapacityPlan, LoadPlan
 from framework.workload import Dataset, arrival_offsets, load_tokenizer
 
 
@@ -140,7 +141,8 @@ def server_env(spec: SweepSpec) -> dict[str, str]:
 
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
-    `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs."""
+    `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs; in
+    capacity mode one request set per rate step (seeds `seed + 1000 + step`)."""
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -160,13 +162,27 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                           str(exc)) from None
     arrivals = None if math.isinf(w.request_rate) else arrival_offsets(
         w.num_prompts, w.request_rate, w.burstiness, w.seed)
+    capacity = None
+    if spec.capacity is not None:
+        c = spec.capacity
+        settings = CapacitySettings(start_rate=c.start_rate, max_rate=c.max_rate,
+                                    tolerance=c.tolerance, max_steps=c.max_steps,
+                                    step_duration_s=c.step_duration_s,
+                                    min_requests=min(c.min_requests, w.num_prompts),
+                                    max_requests=w.num_prompts)
+        steps = [dataset.requests(tok, w.num_prompts, w.seed + 1000 + i)
+                 for i in range(c.max_steps)]
+        capacity = CapacityPlan(settings=settings, step_requests=steps,
+                                burstiness=w.burstiness, seed=w.seed, sla=dict(spec.sla))
     return LoadPlan(model=str(spec.model), warmup=warmup, measured=measured, arrivals=arrivals,
                     max_concurrency=w.max_concurrency, ignore_eos=w.ignore_eos,
                     request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
                     goodput_slo_ms=goodput_slo_ms(spec.sla),
                     startup_timeout_s=spec.server.startup_timeout_s, endpoint=w.endpoint,
                     duration_s=w.duration_s, trial_timeout_s=spec.search.trial_timeout_s,
-                    api_key=api_key(spec))
+                    api_key=api_key(spec),
+                    request_rate=None if math.isinf(w.request_rate) else w.request_rate,
+                    capacity=capacity)
 
 
 def api_key(spec: SweepSpec) -> str | None:

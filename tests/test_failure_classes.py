@@ -6,7 +6,7 @@ import pytest
 
 from framework.engine import startup_failure
 from framework.errors import TrialError
-from framework.trial import Deadline
+from framework.measure import Deadline
 
 KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (512), "
                 "(0.02 GiB KV cache is needed, which is larger than the available KV cache memory "

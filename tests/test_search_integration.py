@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import optuna
 import pytest
 import yaml
@@ -82,3 +83,48 @@ def test_infeasible_configurations_never_launch_and_the_rest_form_a_pareto_front
 
     status = run_cli(["status", str(sweep)], short_tmp, env, timeout_s=60)
     assert "infeasible (not launched) 2" in status.stdout, status.stdout + status.stderr
+
+
+@pytest.mark.timeout(300)
+def test_capacity_mode_finds_a_higher_capacity_for_a_larger_batch(tiny_model, short_tmp):
+    """FakeEngine decodes at most max-num-seqs requests at once (20 ms per token, 16 tokens):
+    about 3 requests/s per slot, so 8 slots hold the TTFT limit at a higher rate than 2."""
+    space = short_tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "max-num-seqs": {"type": "categorical", "choices": [2, 8]}}}))
+    sweep = short_tmp / "cap.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "cap", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
+        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
+                           "FAKE_ENGINE_TPOT_MS": "20"}},
+        "workload": {"num_prompts": 80, "input_len": 16, "output_len": 16, "warmup_requests": 0},
+        "sla": {"p99_ttft_ms": 1000},
+        "capacity": {"start_rate": 2.0, "tolerance": 0.25, "max_steps": 6,
+                     "step_duration_s": 3.0, "min_requests": 10},
+        "search": {"sampler": "grid", "n_trials": 2, "baseline": False},
+        "cluster": {"num_cpus": 2, "num_gpus": 1},
+        "results_dir": str(short_tmp / "results"),
+    }))
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "req/s: SLA holds" in res.stdout and "req/s: SLA broken" in res.stdout
+    assert wait_no_marked_processes(marker) == []
+
+    trials = read_trials(short_tmp / "results", "cap").set_index("param_max_num_seqs")
+    assert list(trials["state"]) == ["COMPLETE", "COMPLETE"]
+    small, large = trials.loc[2], trials.loc[8]
+    assert 0 < small["capacity_rps"] < large["capacity_rps"], (small["capacity_rps"], large["capacity_rps"])
+    assert (trials["objective"] == trials["capacity_rps"]).all()
+    assert (trials["p99_ttft_ms"] <= 1000).all()  # the metrics are those at the capacity rate
+
+    steps = duckdb.sql(
+        f"SELECT trial_number, step, any_value(rate) AS rate, count(*) AS n FROM read_parquet("
+        f"'{short_tmp}/results/cap/requests/**/*.parquet') GROUP BY ALL ORDER BY ALL").df()
+    for number, row in trials.reset_index().set_index("trial_number").iterrows():
+        mine = steps[steps["trial_number"] == number]
+        assert list(mine["step"]) == list(range(int(row["capacity_steps"])))
+        assert list(mine["rate"][:2]) == [2.0, 4.0] or mine["rate"].iloc[1] == 1.0
+        assert row["capacity_rps"] in set(mine["rate"])
+        assert (mine["n"] >= 10).all()

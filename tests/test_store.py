@@ -19,6 +19,7 @@ from framework.rows import (
 )
 from framework.search_space import load_search_space
 from framework.store import ResultStore, arrow_schema
+from framework.measure import LoadStep
 from framework.trial import TrialOutcome
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,8 +214,8 @@ def test_request_rows_round_trip(tmp_path):
                            prompt_tokens=9, output_tokens=0, success=False, error="HTTP 500")
     cut = RequestRecord(index=2, send_s=11.0, ttft_s=0.25, chunk_s=(11.25, 11.75), end_s=12.0,
                         prompt_tokens=5, output_tokens=2, success=False, error="disconnected")
-    outcome = TrialOutcome(started_at=STARTED, argv=(), records=(ok, failed, cut),
-                           load_start_s=10.0)
+    outcome = TrialOutcome(started_at=STARTED, argv=(),
+                           steps=(LoadStep(rate=None, start_s=10.0, records=(ok, failed, cut)),))
     path = store.write_requests(6, request_rows(6, outcome), REQUEST_COLUMNS)
     assert path == store.requests_path(6)
 
@@ -241,6 +242,20 @@ def test_request_rows_round_trip(tmp_path):
     assert list(df["itl_ms"].iloc[0]) == [250.0, 250.0, 500.0]
     assert pd.isna(df["ttft_ms"].iloc[1]) and pd.isna(df["e2el_ms"].iloc[2])
     assert pd.isna(df["error"].iloc[0]) and df["error"].iloc[1] == "HTTP 500"
+
+
+def test_request_rows_of_capacity_steps_carry_step_rate_and_step_relative_send_times():
+    def rec(index: int, send: float) -> RequestRecord:
+        return RequestRecord(index=index, send_s=send, ttft_s=0.25, chunk_s=(send + 0.25,),
+                             end_s=send + 0.25, prompt_tokens=3, output_tokens=1, success=True)
+
+    outcome = TrialOutcome(started_at=STARTED, argv=(), steps=(
+        LoadStep(rate=1.0, start_s=100.0, records=(rec(0, 100.5), rec(1, 101.0)), held=True),
+        LoadStep(rate=2.0, start_s=200.0, records=(rec(0, 200.25),), held=False)))
+    rows = request_rows(3, outcome)
+    assert [(r["step"], r["rate"], r["request_index"], r["send_s"]) for r in rows] == [
+        (0, 1.0, 0, 0.5), (0, 1.0, 1, 1.0), (1, 2.0, 0, 0.25)]
+    assert len(outcome.records) == 3
 
 
 def test_empty_request_table_keeps_schema(tmp_path):

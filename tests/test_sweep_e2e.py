@@ -97,6 +97,9 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
         assert trials["diagnosis_detail"].str.len().gt(20).all()
         assert (trials["est_kv_tokens_capacity"] > 0).all()  # the CPU engine's KV space model
         assert (trials["output_throughput_per_gpu"] == trials["output_throughput"]).all()  # TP 1
+        assert trials["vllm_sweep_commit"].str.fullmatch(r"[0-9a-f]{40}").all()
+        assert trials["hardware"].str.startswith("cpu: ").all()
+        assert trials["workload_sha256"].nunique() == 1 and trials["model_config_sha256"].nunique() == 1
 
         # The report of this real sweep renders in headless Chromium with its plots, no errors.
         html, rendered = check_sweep_report(sweep, short_tmp, env)
