@@ -20,7 +20,7 @@ from framework.capacity import CapacitySettings, capacity, next_rate, requests_f
 from framework.errors import TrialError
 from framework.loadgen import LoadResult, RequestRecord, run_load
 from framework.metrics import compute_metrics
-from framework.objective import evaluate
+from framework.objective import evaluate, surely_broken
 from framework.workload import RequestSpec, arrival_offsets
 
 Phase = Callable[[str], None]
@@ -78,21 +78,28 @@ class LoadPlan:
     api_key: str | None = field(default=None, repr=False)
     request_rate: float | None = None  # None: as fast as max_concurrency allows
     capacity: CapacityPlan | None = None
+    sla_guard: Mapping[str, float] | None = None  # stop a run once this SLA surely breaks
 
 
 @dataclass(frozen=True)
 class LoadStep:
-    """One measured run: its rate (None = unpaced), start (perf_counter s), records, and, in
-    capacity mode, whether the SLA held."""
+    """One measured run: its rate (None = unpaced), start (perf_counter s), records, in
+    capacity mode whether the SLA held, and why it stopped early (None: it ran out)."""
 
     rate: float | None
     start_s: float
     records: tuple[RequestRecord, ...]
     held: bool | None = None
+    stopped: str | None = None
+
+
+class SlaBroken(Exception):
+    """Raised from a finished request's callback: the run's SLA is surely broken."""
 
 
 class Measurement:
-    """Steps so far plus the records of the run in progress (for partial results)."""
+    """Steps so far plus the records of the run in progress (for partial results). With an
+    SLA guard, a run stops as soon as objective.surely_broken says its SLA cannot hold."""
 
     def __init__(self) -> None:
         self.steps: list[LoadStep] = []
@@ -100,20 +107,43 @@ class Measurement:
         self._start_s = 0.0
         self._records: list[RequestRecord] = []
         self._then: Callable[[RequestRecord], None] | None = None
+        self._guard: Mapping[str, float] = {}
+        self._total = 0
 
-    def begin(self, rate: float | None, then: Callable[[RequestRecord], None] | None) -> None:
+    def begin(self, rate: float | None, then: Callable[[RequestRecord], None] | None,
+              total: int = 0, guard: Mapping[str, float] | None = None) -> None:
         self._rate, self._start_s, self._records, self._then = rate, time.perf_counter(), [], then
+        self._guard, self._total = guard or {}, total
 
     def __call__(self, record: RequestRecord) -> None:
         self._records.append(record)
         if self._then is not None:
             self._then(record)
+        if self._guard and (why := self._broken()):
+            raise SlaBroken(why)
+
+    def _broken(self) -> str | None:
+        ok = [r for r in self._records if r.success]
+        values = {"ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+                  "tpot": [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
+                  "e2el": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None]}
+        return surely_broken(values, len(self._records) - len(ok), self._total, self._guard)
 
     def finish(self, result: LoadResult, held: bool | None = None) -> LoadStep:
         step = LoadStep(self._rate, result.start_s, result.records, held)
         self.steps.append(step)
         self._records = []
         return step
+
+    def finish_early(self, why: str, held: bool | None = None) -> tuple[LoadStep, LoadResult]:
+        """End the run in progress with the requests finished so far."""
+        now = time.perf_counter()
+        records = tuple(sorted(self._records, key=lambda r: r.index))
+        step = LoadStep(self._rate, self._start_s, records, held, stopped=why)
+        self.steps.append(step)
+        self._records = []
+        return step, LoadResult(records=records, start_s=self._start_s, end_s=now,
+                                not_sent=self._total - len(records))
 
     def partial(self) -> tuple[LoadStep, ...]:
         """Finished steps, then the unfinished run's finished requests, if any."""
@@ -158,10 +188,15 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
             phase(f"under load: {done}/{len(plan.measured)} requests")
 
     phase(f"under load: 0/{len(plan.measured)} requests")
-    m.begin(plan.request_rate, progress)
-    result = run_once(base_url, plan, plan.measured, plan.arrivals, m, deadline, "under load",
-                      plan.duration_s)
-    m.finish(result)
+    m.begin(plan.request_rate, progress, len(plan.measured), plan.sla_guard)
+    try:
+        result = run_once(base_url, plan, plan.measured, plan.arrivals, m, deadline,
+                          "under load", plan.duration_s)
+        m.finish(result)
+    except SlaBroken as broken:
+        step, result = m.finish_early(str(broken))
+        phase(f"stopped early after {len(step.records)}/{len(plan.measured)} requests: "
+              f"SLA surely broken ({broken})")
     return _metrics(plan, result)
 
 
@@ -180,8 +215,16 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
         arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
         doing = f"under load at {rate:.3g} req/s"
         phase(f"{doing} ({len(requests)} requests, step {index + 1})")
-        m.begin(rate, None)
-        result = run_once(base_url, plan, requests, arrivals, m, deadline, doing)
+        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None)
+        try:
+            result = run_once(base_url, plan, requests, arrivals, m, deadline, doing)
+        except SlaBroken as broken:
+            step, result = m.finish_early(str(broken), held=False)
+            still_serving()
+            measured.append((step, _metrics(plan, result)))
+            phase(f"  {rate:.3g} req/s: SLA broken (stopped after {len(step.records)} "
+                  f"requests: {broken})")
+            continue
         still_serving()
         metrics = _metrics(plan, result)
         held = metrics["completed"] > 0 and evaluate(metrics, cap.sla, "request_throughput").feasible

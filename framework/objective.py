@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 PER_REQUEST_SLO = ("ttft", "tpot", "e2el")
 
 
@@ -74,3 +76,36 @@ def gain(best: float, baseline: float, maximize: bool) -> float | None:
     if baseline == 0:
         return None
     return (best - baseline) / abs(baseline) if maximize else (baseline - best) / abs(baseline)
+
+
+def surely_broken(values_ms: Mapping[str, Sequence[float]], failed: int, total: int,
+                  sla: Mapping[str, float]) -> str | None:
+    """An SLA limit this run can no longer meet, whatever its remaining requests do (None if
+    every limit is still reachable): what lets a run stop early without changing its verdict.
+
+    `values_ms`: per-request metric ("ttft", "tpot", "e2el") -> values of the requests done so
+    far; `failed`: failures so far; `total`: requests the run will send. The best case for
+    the rest is n - len(values) more values of 0 ms, n = total - failed (the most values a
+    metric can end with; fewer only raises percentiles and means of what is there):
+    - pP / median / mean: the statistic of that best case (numpy linear percentiles) > limit;
+    - error_rate: failed / total > limit.
+    std and ITL limits are never judged early.
+    """
+    n = total - failed
+    for key, limit in sla.items():
+        if key == "error_rate":
+            if total and failed / total > limit:
+                return f"error_rate: {failed} of {total} requests failed already"
+            continue
+        stat, metric, _ = key.split("_")
+        values = values_ms.get(metric)
+        if not values or metric == "itl" or stat == "std" or n < len(values):
+            continue
+        best = np.zeros(n)
+        best[: len(values)] = values
+        q = 50.0 if stat == "median" else None if stat == "mean" else float(stat[1:])
+        floor = float(best.mean()) if q is None else float(np.percentile(best, q))
+        if floor > limit:
+            return (f"{key}: at least {floor:.4g} ms whatever the other {n - len(values)} "
+                    f"requests do ({len(values)} done)")
+    return None

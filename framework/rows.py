@@ -68,7 +68,8 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float]) -> list[tupl
                 ("capacity_rps", "float"), ("capacity_steps", "int")]
     columns += list(SERVER_METRIC_COLUMNS)
     columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
-    columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str")]
+    columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str"),
+                ("stopped_early", "str")]
     columns += PROVENANCE_COLUMNS
     columns += [
         ("request_goodput", "float"), ("error_rate", "float"), ("feasible", "bool"),
@@ -160,6 +161,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         row["sla_violations"] = "; ".join(verdict.violations)
         row["objective"] = verdict.objective
     row.update(ctx.provenance or {})
+    row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None
     found = diagnose(row, ctx.sla)
     row["diagnosis"], row["diagnosis_detail"] = found.verdict, found.text
     return row

@@ -201,7 +201,10 @@ class SearchSpec(_Spec):
     evolutionary). `trial_timeout_s`: deadline of one trial from the moment its
     placement group is placed (start-up, warm-up and load; queueing for placement excluded),
     FAIL(trial_timeout) past it. `requeue_interrupted`: a trial interrupted by a stopped or
-    killed driver runs again, as a new trial, when the sweep resumes.
+    killed driver runs again, as a new trial, when the sweep resumes. `stop_early`: end a
+    measured run (or a capacity step) as soon as its SLA is surely broken, i.e. broken even
+    if every remaining request took 0 ms (objective.surely_broken): the verdict is the one
+    the full run would give, at a fraction of its time.
     """
 
     sampler: Sampler = "tpe"
@@ -211,6 +214,7 @@ class SearchSpec(_Spec):
     startup_trials: int | None = Field(default=None, ge=0)
     trial_timeout_s: float | None = Field(default=None, gt=0)
     requeue_interrupted: bool = False
+    stop_early: bool = True
 
     @property
     def effective_startup_trials(self) -> int:

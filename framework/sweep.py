@@ -182,7 +182,8 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     duration_s=w.duration_s, trial_timeout_s=spec.search.trial_timeout_s,
                     api_key=api_key(spec),
                     request_rate=None if math.isinf(w.request_rate) else w.request_rate,
-                    capacity=capacity)
+                    capacity=capacity,
+                    sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None)
 
 
 def api_key(spec: SweepSpec) -> str | None:

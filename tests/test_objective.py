@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.objective import error_rate, evaluate, gain, goodput_slo_ms
+from framework.objective import error_rate, evaluate, gain, goodput_slo_ms, surely_broken
 
 # 95 completed + 5 failed -> error rate 5 / 100 = 0.05
 METRICS = {
@@ -146,3 +146,44 @@ def test_gain(best, baseline, maximize, expected):
 ])
 def test_error_rate(completed, failed, expected):
     assert error_rate({"completed": completed, "failed": failed}) == pytest.approx(expected)
+
+
+def brute_force_broken(values, n_total, limit, q):
+    """Completing `values` with the best case (0 ms) up to n_total: is numpy's pQ over limit?"""
+    import numpy as np
+
+    full = list(values) + [0.0] * (n_total - len(values))
+    return float(np.percentile(full, q)) > limit
+
+
+@pytest.mark.parametrize("q", [50, 90, 95, 99, 100])
+@pytest.mark.parametrize("n_total", [1, 7, 20, 200])
+def test_surely_broken_percentile_bound_matches_the_best_case_completion(q, n_total):
+    import random
+
+    rng = random.Random(q * 1000 + n_total)
+    for _ in range(60):
+        done = rng.randint(0, n_total)
+        values = [rng.choice([100.0, 900.0]) for _ in range(done)]
+        key = "median_ttft_ms" if q == 50 else f"p{q}_ttft_ms"
+        verdict = surely_broken({"ttft": values}, 0, n_total, {key: 500.0})
+        assert (verdict is not None) == brute_force_broken(values, n_total, 500.0, q), values
+
+
+@pytest.mark.parametrize("values_ms, failed, total, sla, expected", [
+    # 197 zeros + 3 x 900: p99 (index 197.01) = 900
+    ({"ttft": [900.0, 900.0, 900.0]}, 0, 200, {"p99_ttft_ms": 500},
+     "p99_ttft_ms: at least 900 ms whatever the other 197 requests do (3 done)"),
+    ({"ttft": [900.0, 900.0]}, 0, 200, {"p99_ttft_ms": 500}, None),  # 0 + 0.01 x 900 = 9
+    ({"ttft": [900.0, 900.0]}, 150, 200, {"p99_ttft_ms": 500}, "p99_ttft_ms: at least 900"),
+    ({"tpot": [30.0] * 10}, 0, 20, {"mean_tpot_ms": 10}, "mean_tpot_ms: at least 15 ms"),
+    ({"tpot": [30.0] * 5}, 0, 20, {"mean_tpot_ms": 10}, None),  # 150 / 20 = 7.5 ms
+    ({"e2el": [800.0] * 11}, 0, 20, {"median_e2el_ms": 500}, "median_e2el_ms"),
+    ({"e2el": [800.0] * 10}, 0, 20, {"median_e2el_ms": 500}, None),  # (0 + 800) / 2 = 400
+    ({}, 3, 100, {"error_rate": 0.02}, "error_rate: 3 of 100"),
+    ({"itl": [999.0] * 50}, 0, 50, {"p99_itl_ms": 10}, None),  # ITL: never early
+    ({"ttft": [999.0] * 50}, 0, 50, {"std_ttft_ms": 10}, None),
+])
+def test_surely_broken_cases(values_ms, failed, total, sla, expected):
+    verdict = surely_broken(values_ms, failed, total, sla)
+    assert (verdict is None) if expected is None else verdict.startswith(expected), verdict

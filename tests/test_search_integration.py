@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import optuna
+import pandas as pd
 import pytest
 import yaml
 from optuna.storages import JournalStorage
@@ -127,4 +128,42 @@ def test_capacity_mode_finds_a_higher_capacity_for_a_larger_batch(tiny_model, sh
         assert list(mine["step"]) == list(range(int(row["capacity_steps"])))
         assert list(mine["rate"][:2]) == [2.0, 4.0] or mine["rate"].iloc[1] == 1.0
         assert row["capacity_rps"] in set(mine["rate"])
-        assert (mine["n"] >= 10).all()
+        # steps that held ran out all their requests (at least min_requests); broken ones
+        # may have stopped early, once their SLA was surely broken
+        assert (mine[mine["rate"] <= row["capacity_rps"]]["n"] >= 10).all()
+    assert trials["stopped_early"].notna().any()
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_sla_surely_broke_stops_early_with_the_same_verdict(tiny_model, short_tmp):
+    """max-num-seqs 1 queues 40 requests sent at once behind one slot (~0.35 s each): TTFT
+    passes 1 s after a few requests, so p90 over 40 is surely broken long before the end."""
+    space = short_tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "max-num-seqs": {"type": "categorical", "choices": [1, 64]}}}))
+    sweep = short_tmp / "early.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "early", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
+        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
+                           "FAKE_ENGINE_TPOT_MS": "20"}},
+        "workload": {"num_prompts": 40, "input_len": 16, "output_len": 16, "warmup_requests": 0,
+                     "percentiles": [90]},
+        "sla": {"p90_ttft_ms": 1000},
+        "search": {"sampler": "grid", "n_trials": 2, "baseline": False},
+        "cluster": {"num_cpus": 2, "num_gpus": 1},
+        "results_dir": str(short_tmp / "results"),
+    }))
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "SLA surely broken" in res.stdout
+    assert wait_no_marked_processes(marker) == []
+
+    trials = read_trials(short_tmp / "results", "early").set_index("param_max_num_seqs")
+    narrow, wide = trials.loc[1], trials.loc[64]
+    assert narrow["state"] == "COMPLETE" and narrow["feasible"] == False  # noqa: E712
+    assert narrow["stopped_early"].startswith("p90_ttft_ms: at least")
+    assert 5 <= narrow["completed"] < 20 and narrow["bench_s"] < 8  # the full run takes ~14 s
+    assert wide["feasible"] == True and pd.isna(wide["stopped_early"])  # noqa: E712
+    assert wide["completed"] == 40
