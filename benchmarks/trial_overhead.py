@@ -8,6 +8,10 @@ Per COMPLETE trial (all times from the trial row, measured by the driver's monot
     overhead       = trial_s - vLLM start-up - load
                    = placement group + actor + port (launch_s) + metrics, rows, stop and reap
     overhead share = overhead / trial_s                 target: <= 5 %
+Since servers are stopped in the background (the next trial starts meanwhile), the stop is
+no longer inside trial_s; the sweep-level view catches anything between trials:
+    wall           = last trial's end - first trial's start (sequential sweeps)
+    wall overhead  = (wall - sum of vLLM start-up and load) / wall
 Prints a table and, with --append, appends it with the date and command to the given file.
 """
 
@@ -33,6 +37,19 @@ def overhead_table(trials: pd.DataFrame) -> pd.DataFrame:
     return ok[cols].round(2)
 
 
+def wall_summary(trials: pd.DataFrame) -> str:
+    """Sweep-level overhead: wall time not spent starting vLLM or under load (all trials)."""
+    t = trials.sort_values("started_at")
+    start = t["started_at"].min()
+    end = (t["started_at"] + pd.to_timedelta(t["trial_s"].fillna(0), unit="s")).max()
+    wall = (end - start).total_seconds()
+    ok = overhead_table(trials)
+    useful = float((ok["vllm_startup_s"] + ok["load_s"]).sum())
+    return (f"Sweep wall time {wall:.1f} s, of which {wall - useful:.1f} s "
+            f"({100 * (wall - useful) / wall:.1f} %) is neither vLLM start-up nor load "
+            f"({len(t)} trials, {len(ok)} COMPLETE).")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sweep_dir", nargs="?", default="results/quickstart")
@@ -48,7 +65,7 @@ def main() -> int:
     text = table.to_markdown(index=False)
     summary = (f"Overall: {total['overhead_s']:.1f} s of {total['trial_s']:.1f} s = {share:.1f} % "
                f"framework overhead over {len(table)} COMPLETE trials (target <= 5 %); "
-               f"median per trial {table['overhead_s'].median():.2f} s.")
+               f"median per trial {table['overhead_s'].median():.2f} s. {wall_summary(trials)}")
     print(text)
     print(summary)
     if args.append:

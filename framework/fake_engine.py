@@ -29,7 +29,8 @@ from framework.errors import TrialError
 
 _FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
                      "pipeline-parallel-size", "max-model-len", "distributed-executor-backend",
-                     "block-size", "gpu-memory-utilization", "kv-cache-dtype", "dtype")
+                     "block-size", "gpu-memory-utilization", "kv-cache-dtype", "dtype",
+                     "load-format")
 _BOOL_FLAGS = ("enable-chunked-prefill", "enable-prefix-caching", "enforce-eager")
 
 

@@ -79,6 +79,7 @@ class LoadPlan:
     request_rate: float | None = None  # None: as fast as max_concurrency allows
     capacity: CapacityPlan | None = None
     sla_guard: Mapping[str, float] | None = None  # stop a run once this SLA surely breaks
+    repeat_requests: Sequence[Sequence[RequestSpec]] = ()  # runs 2..N of `search.repeats`
 
 
 @dataclass(frozen=True)
@@ -177,27 +178,36 @@ def _metrics(plan: LoadPlan, result: LoadResult) -> dict[str, float]:
 
 
 def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
-                  m: Measurement) -> dict[str, float]:
-    """The workload's measured requests, once; returns their metrics."""
-    done = 0
+                  m: Measurement) -> list[dict[str, float]]:
+    """The workload's measured requests, then one fresh request set per further repeat (same
+    arrival times); the metrics of each run. A run whose SLA surely broke ends the
+    measurement there."""
+    runs: list[dict[str, float]] = []
+    sets = [plan.measured, *plan.repeat_requests]
+    for index, requests in enumerate(sets):
+        done = 0
+        label = f"under load (run {index + 1}/{len(sets)})" if len(sets) > 1 else "under load"
 
-    def progress(_: RequestRecord) -> None:
-        nonlocal done
-        done += 1
-        if done % max(1, len(plan.measured) // 4) == 0:
-            phase(f"under load: {done}/{len(plan.measured)} requests")
+        def progress(_: RequestRecord) -> None:
+            nonlocal done
+            done += 1
+            if done % max(1, len(requests) // 4) == 0:
+                phase(f"{label}: {done}/{len(requests)} requests")
 
-    phase(f"under load: 0/{len(plan.measured)} requests")
-    m.begin(plan.request_rate, progress, len(plan.measured), plan.sla_guard)
-    try:
-        result = run_once(base_url, plan, plan.measured, plan.arrivals, m, deadline,
-                          "under load", plan.duration_s)
-        m.finish(result)
-    except SlaBroken as broken:
-        step, result = m.finish_early(str(broken))
-        phase(f"stopped early after {len(step.records)}/{len(plan.measured)} requests: "
-              f"SLA surely broken ({broken})")
-    return _metrics(plan, result)
+        phase(f"{label}: 0/{len(requests)} requests")
+        m.begin(plan.request_rate, progress, len(requests), plan.sla_guard)
+        try:  # every run keeps the workload's arrival times (same rate, same burstiness)
+            result = run_once(base_url, plan, requests, plan.arrivals, m, deadline, label,
+                              plan.duration_s)
+            m.finish(result)
+        except SlaBroken as broken:
+            step, result = m.finish_early(str(broken))
+            phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
+                  f"SLA surely broken ({broken})")
+            runs.append(_metrics(plan, result))
+            break
+        runs.append(_metrics(plan, result))
+    return runs
 
 
 def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,

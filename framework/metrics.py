@@ -31,6 +31,11 @@ SUMMARY_KEYS: tuple[str, ...] = (
 )
 
 
+# How repeated runs of one trial combine (stats.combine): counts add up, peaks take the max.
+COUNT_METRICS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
+PEAK_METRICS = ("max_concurrent_requests",)
+
+
 def percentile_key(metric: str, p: float) -> str:
     """vLLM's key for percentile ``p`` of ``metric``: p99_ttft_ms, p99.9_itl_ms."""
     p_word = str(int(p)) if int(p) == p else str(p)

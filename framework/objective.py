@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from framework.metrics import COUNT_METRICS, PEAK_METRICS
+from framework.stats import combine, mean_ci
+
 PER_REQUEST_SLO = ("ttft", "tpot", "e2el")
 
 
@@ -54,10 +57,11 @@ def goodput_slo_ms(sla: Mapping[str, float]) -> dict[str, float]:
 
 
 def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str,
-             also: Sequence[str] = ()) -> Verdict:
+             also: Sequence[str] = (), judged: Mapping[str, float] | None = None) -> Verdict:
     """Apply the SLA to one trial's metrics (which must hold every SLA key and objective);
-    `also`: further objectives (multi-objective search)."""
-    values = {**metrics, "error_rate": error_rate(metrics)}
+    `also`: further objectives (multi-objective search); `judged`: SLA values to use instead
+    of the metrics' own (repeated runs). error_rate is computed from completed and failed."""
+    values = {**metrics, "error_rate": error_rate(metrics), **(judged or {})}
     constraints: dict[str, float] = {}
     violations: list[str] = []
     for key, limit in sla.items():
@@ -69,6 +73,27 @@ def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_m
     return Verdict(objective=float(values[objective_metric]), feasible=not violations,
                    constraints=constraints, violations=tuple(violations),
                    values=tuple(float(values[m]) for m in (objective_metric, *also)))
+
+
+def evaluate_repeated(runs: Sequence[Mapping[str, float]], sla: Mapping[str, float],
+                      objective_metric: str, also: Sequence[str] = (),
+                      sla_on: str = "mean") -> tuple[Verdict, dict[str, float | None]]:
+    """Verdict over repeated runs of one configuration: the objective is the mean; each SLA
+    metric is judged on its mean (`sla_on: mean`) or on the upper end of its 95% confidence
+    interval (`ci_upper`: the limit must hold with confidence, not just on average). Also
+    returns the interval columns: objective_ci95_low/high, objective_cv, <sla key>_ci95_high."""
+    combined = combine(runs, COUNT_METRICS, PEAK_METRICS)
+    judged: dict[str, float] = {}
+    extra: dict[str, float | None] = {"repeats": float(len(runs))}
+    objective = mean_ci([float(r[objective_metric]) for r in runs])
+    extra.update(objective_ci95_low=objective.low, objective_ci95_high=objective.high,
+                 objective_cv=objective.cv)
+    for key in sla:
+        values = [error_rate(r) if key == "error_rate" else float(r[key]) for r in runs]
+        interval = mean_ci(values)
+        extra[f"{key}_ci95_high"] = interval.high
+        judged[key] = interval.high if sla_on == "ci_upper" else interval.mean
+    return evaluate(combined, sla, objective_metric, also, judged), extra
 
 
 def gain(best: float, baseline: float, maximize: bool) -> float | None:

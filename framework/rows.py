@@ -55,17 +55,22 @@ def _param_kind(param) -> str:
     return "str"
 
 
-def trial_columns(space: SearchSpace, percentiles: Sequence[float]) -> list[tuple[str, str]]:
-    """The trial table's schema for one sweep: fixed columns, one per parameter, metrics."""
+def trial_columns(space: SearchSpace, percentiles: Sequence[float],
+                  sla_keys: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """The trial table's schema for one sweep: fixed columns, one per parameter, metrics,
+    and `<sla key>_ci95_high` per SLA key (repeated runs)."""
     columns = [
         ("trial_number", "int"), ("state", "str"), ("fail_reason", "str"), ("fail_detail", "str"),
         ("is_baseline", "bool"),
     ]
     columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
-    columns += [("vllm_argv", "list<str>"), ("serve_command", "str")]
+    columns += [("vllm_argv", "list<str>"), ("serve_command", "str"), ("dummy_weights", "bool")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
     columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float"),
-                ("capacity_rps", "float"), ("capacity_steps", "int")]
+                ("capacity_rps", "float"), ("capacity_steps", "int"), ("repeats", "int"),
+                ("objective_ci95_low", "float"), ("objective_ci95_high", "float"),
+                ("objective_cv", "float")]
+    columns += [(f"{key}_ci95_high", "float") for key in sla_keys]
     columns += list(SERVER_METRIC_COLUMNS)
     columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
     columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str"),
@@ -117,8 +122,10 @@ def trial_state(outcome: TrialOutcome) -> str:
 
 
 def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
-              columns: Sequence[tuple[str, str]]) -> dict[str, object]:
-    """One trial table row; absent values are None (null)."""
+              columns: Sequence[tuple[str, str]],
+              intervals: Mapping[str, float | None] | None = None) -> dict[str, object]:
+    """One trial table row; absent values are None (null). `intervals`: the repeated-runs
+    columns from objective.evaluate_repeated."""
     row: dict[str, object] = {name: None for name, _ in columns}
     row.update({
         "trial_number": ctx.number,
@@ -128,6 +135,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         "is_baseline": ctx.is_baseline,
         "vllm_argv": list(outcome.argv),
         "serve_command": ctx.serve_command,
+        "dummy_weights": _flag_value(outcome.argv, "--load-format") == "dummy",
         "vllm_version": ctx.vllm_version,
         "vllm_sweep_version": __version__,
         "schema_version": SCHEMA_VERSION,
@@ -160,11 +168,18 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         row["feasible"] = verdict.feasible
         row["sla_violations"] = "; ".join(verdict.violations)
         row["objective"] = verdict.objective
+    for key, value in (intervals or {}).items():
+        if key in row:
+            row[key] = int(value) if key == "repeats" else value
     row.update(ctx.provenance or {})
     row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None
     found = diagnose(row, ctx.sla)
     row["diagnosis"], row["diagnosis_detail"] = found.verdict, found.text
     return row
+
+
+def _flag_value(argv: Sequence[str], flag: str) -> str | None:
+    return next((b for a, b in zip(argv, argv[1:]) if a == flag), None)
 
 
 def _ms(value: float | None) -> float | None:

@@ -23,7 +23,7 @@ from typing import Protocol
 from rich.console import Console
 
 from framework.feasibility import Feasibility
-from framework.objective import evaluate, per_device
+from framework.objective import evaluate_repeated, per_device
 from framework.placement import Bundle, bundles, fits, shape_of, why_unplaceable
 from framework.provenance import provenance
 from framework.report import Progress, print_summary
@@ -62,7 +62,8 @@ class Runner:
         self.sweep, self.launcher, self.console = sweep, launcher, console
         self.spec = sweep.spec
         self.store = sweep.store
-        self.columns = trial_columns(sweep.space, self.spec.workload.percentiles)
+        self.columns = trial_columns(sweep.space, self.spec.workload.percentiles,
+                                     list(self.spec.sla))
         self.vllm_version = _vllm_version()
         self.tuner = Tuner(self.store.journal_path, self.spec.name, sweep.space,
                            self.spec.objective.directions, self.spec.search.sampler,
@@ -70,22 +71,26 @@ class Runner:
                            constraint_keys=list(self.spec.sla))
         self._lock = threading.Lock()
         self._unplaced = 0
+        self._stopper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stop")
+        self._stops: list[Future] = []
         self.provenance = provenance(self.spec, launcher.node_resources())
 
     def _record(self, p: Proposal, flags: dict, outcome: TrialOutcome,
                 feas: Feasibility | None = None) -> dict:
         obj = self.spec.objective
-        verdict = None
+        verdict, intervals = None, None
         if outcome.ok:
-            outcome = replace(outcome, metrics=per_device(outcome.metrics,
-                                                          shape_of(flags).world_size))
-            verdict = evaluate(outcome.metrics, self.spec.sla, obj.metric, obj.pareto_with)
+            devices = shape_of(flags).world_size
+            runs = [per_device(r, devices) for r in outcome.runs] or [outcome.metrics]
+            outcome = replace(outcome, metrics=per_device(outcome.metrics, devices))
+            verdict, intervals = evaluate_repeated(runs, self.spec.sla, obj.metric,
+                                                   obj.pareto_with, self.spec.search.sla_on)
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=serve_command(str(self.spec.model), flags),
                            vllm_version=self.vllm_version,
                            server_log=str(self.store.log_path(p.number)), feasibility=feas,
                            sla=self.spec.sla, provenance=self.provenance)
-        row = trial_row(ctx, outcome, verdict, self.columns)
+        row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         self.store.write_trial(row, self.columns)
         self.tuner.tell(p, Evaluation(
@@ -135,14 +140,37 @@ class Runner:
                     self._unplaced -= 1
 
         model = str(self.spec.model)
+        if self.spec.server.dummy_weights:
+            flags = {**flags, "load-format": "dummy"}
         for warning in feas.warnings if feas is not None else ():
             progress.phase(p.number, f"note: {warning}")
         try:
             return run_trial(self.launcher, lambda host, port: server_argv(model, flags, host, port),
                              plan, self.store.log_path(p.number), wanted,
-                             phase=lambda text: progress.phase(p.number, text), on_placed=placed)
+                             phase=lambda text: progress.phase(p.number, text), on_placed=placed,
+                             stop_later=lambda server: self._stop_later(p.number, server))
         finally:
             placed()
+
+    def _stop_later(self, number: int, server) -> None:
+        """Stop a measured trial's server off the critical path (the next trial starts
+        meanwhile); `_join_stops` waits for every such stop before the sweep ends."""
+        def stop() -> None:
+            left = server.stop()
+            if left:
+                self.console.print(f"  trial {number}: processes {left} survived the stop")
+
+        with self._lock:
+            self._stops.append(self._stopper.submit(stop))
+
+    def _join_stops(self) -> None:
+        with self._lock:
+            pending, self._stops = self._stops, []
+        for fut in pending:
+            try:
+                fut.result(timeout=180)
+            except Exception as exc:  # noqa: BLE001 - reported; stop_all and the session reap
+                self.console.print(f"a background stop failed: {exc}")
 
     def _flags(self, p: Proposal) -> dict:
         return trial_flags(self.spec.server.args, p.params, p.is_baseline)
@@ -227,6 +255,7 @@ class Runner:
                         progress.note(f"  trial {p.number}: its node died; queued once more")
         except BaseException:
             self.launcher.stop_all()
+            self._join_stops()
             for fut, (p, _, _) in running.items():
                 try:
                     fut.result(timeout=120)
@@ -238,6 +267,7 @@ class Runner:
                     self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
             raise
         finally:
+            self._join_stops()
             pool.shutdown(wait=False, cancel_futures=True)
 
     def summary(self) -> None:

@@ -45,7 +45,10 @@ class ServerSpec(_Spec):
 
     `api_key_env`: the name of an environment variable of the driver holding an API key;
     servers require it (vLLM's VLLM_API_KEY) and the load generator sends it. The key is
-    never written to results, logs or reports.
+    never written to results, logs or reports. `dummy_weights`: servers start with
+    `--load-format dummy` (random weights: no weight loading, same speed as the real ones,
+    meaningless text; vLLM's auto_tune does the same), recorded per trial; `serve_command`
+    and `best` leave the flag out.
 
     `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
     own IP on a joined cluster; `node` = always the node's IP; or a literal address.
@@ -56,6 +59,7 @@ class ServerSpec(_Spec):
     host: str = "auto"
     startup_timeout_s: float = Field(default=300.0, gt=0)
     api_key_env: str | None = None
+    dummy_weights: bool = False
 
     @field_validator("api_key_env")
     @classmethod
@@ -204,7 +208,10 @@ class SearchSpec(_Spec):
     killed driver runs again, as a new trial, when the sweep resumes. `stop_early`: end a
     measured run (or a capacity step) as soon as its SLA is surely broken, i.e. broken even
     if every remaining request took 0 ms (objective.surely_broken): the verdict is the one
-    the full run would give, at a fraction of its time.
+    the full run would give, at a fraction of its time. `repeats`: measured runs per trial
+    on the same server (fresh prompts each); the objective is their mean, with a 95%
+    confidence interval in the row; `sla_on: ci_upper` judges each SLA metric by the upper
+    end of its interval instead of its mean. A run whose SLA is surely broken ends the trial.
     """
 
     sampler: Sampler = "tpe"
@@ -215,6 +222,8 @@ class SearchSpec(_Spec):
     trial_timeout_s: float | None = Field(default=None, gt=0)
     requeue_interrupted: bool = False
     stop_early: bool = True
+    repeats: int = Field(default=1, ge=1, le=20)
+    sla_on: Literal["mean", "ci_upper"] = "mean"
 
     @property
     def effective_startup_trials(self) -> int:
@@ -335,6 +344,8 @@ class SweepSpec(_Spec):
             if not self.sla:
                 raise ValueError("capacity: needs an sla: the capacity is the highest rate at "
                                  "which it holds")
+            if self.search.repeats > 1:
+                raise ValueError("search.repeats applies to fixed runs, not to capacity mode")
         return self
 
     @model_validator(mode="after")

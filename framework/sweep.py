@@ -183,7 +183,9 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     api_key=api_key(spec),
                     request_rate=None if math.isinf(w.request_rate) else w.request_rate,
                     capacity=capacity,
-                    sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None)
+                    sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None,
+                    repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
+                                     for r in range(1, spec.search.repeats)])
 
 
 def api_key(spec: SweepSpec) -> str | None:

@@ -29,7 +29,9 @@ from framework.measure import (
     measure_fixed,
     run_once,
 )
+from framework.metrics import COUNT_METRICS, PEAK_METRICS
 from framework.server_metrics import MetricsSampler, summarize
+from framework.stats import combine
 
 
 class ServerHandle(Protocol):
@@ -62,7 +64,8 @@ class TrialOutcome:
     warmup_s: float | None = None
     bench_s: float | None = None
     trial_s: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # over all runs (stats.combine)
+    runs: tuple[dict[str, float], ...] = ()  # each measured run's metrics (repeats)
     server_metrics: dict[str, float | None] = field(default_factory=dict)
     steps: tuple[LoadStep, ...] = ()
     fail_reason: str | None = None
@@ -105,8 +108,13 @@ def _check_still_serving(server: ServerHandle, grace_s: float = 60.0) -> None:
 def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list[str]],
               plan: LoadPlan, log_path: Path, wanted: Sequence[dict[str, float]],
               phase: Phase = lambda _: None, on_placed: Callable[[], None] = lambda: None,
-              clock: Callable[[], float] = time.monotonic) -> TrialOutcome:
-    """Run one trial; every failure comes back as `fail_reason` with the server log tail."""
+              clock: Callable[[], float] = time.monotonic,
+              stop_later: Callable[[ServerHandle], None] | None = None) -> TrialOutcome:
+    """Run one trial; every failure comes back as `fail_reason` with the server log tail.
+
+    `stop_later`: after a successful measurement, hand the server to it instead of stopping
+    it here (the caller stops it off the trial's critical path and must wait for that before
+    it exits); failures always stop the server here, before reading its log."""
     started_at = datetime.now(timezone.utc)
     t0 = clock()
     argv: list[str] = []
@@ -144,10 +152,12 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         sampler = MetricsSampler(server.base_url).start()
         try:
             if plan.capacity is None:
-                metrics = measure_fixed(server.base_url, plan, deadline, phase, measurement)
+                runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
+                metrics = combine(runs, COUNT_METRICS, PEAK_METRICS)
             else:
                 metrics = measure_capacity(server.base_url, plan, deadline, phase, measurement,
                                            lambda: _check_still_serving(server))
+                runs = [metrics]
         finally:
             sampled = sampler.stop()
         bench_s = clock() - t_load
@@ -156,13 +166,19 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             records = [r for step in measurement.steps for r in step.records]
             first = next((r.error for r in records if r.error), "")
             raise TrialError("load_failed", f"all {len(records)} requests failed: {first}")
-        phase("stopping")
-        left = server.stop()
+        if stop_later is None:
+            phase("stopping")
+            left = server.stop()
+        else:
+            phase("stopping (in the background)")
+            stop_later(server)
+            left = []
         return TrialOutcome(started_at=started_at, argv=tuple(argv), node_ip=server.node_ip,
                             placement=server.placement, placement_wait_s=placement_wait_s,
                             launch_s=launch_s, startup_s=startup_s, warmup_s=warmup_s,
                             bench_s=bench_s, trial_s=clock() - t0,
-                            metrics=metrics, server_metrics=summarize(sampled.samples),
+                            metrics=metrics, runs=tuple(runs),
+                            server_metrics=summarize(sampled.samples),
                             steps=tuple(measurement.steps), leftover_pids=tuple(left))
     except TrialError as exc:
         left = server.stop() if server is not None else []

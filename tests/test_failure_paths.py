@@ -62,7 +62,7 @@ def test_trial_deadline_ends_the_trial_keeps_its_requests_and_the_api_key_stays_
     env = cli_env(marker, short_tmp)
     sweep = fake_sweep(short_tmp, tiny_model, "deadline", tpot_ms=200, num_prompts=16,
                        output_len=16, search={"trial_timeout_s": 8, "n_trials": 2},
-                       server={"api_key_env": "SWEEP_TEST_KEY"})
+                       server={"api_key_env": "SWEEP_TEST_KEY", "dummy_weights": True})
     missing = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=120)
     assert missing.returncode == 2, missing.stderr
     assert missing.stderr.strip().count("\n") == 0 and "SWEEP_TEST_KEY" in missing.stderr
@@ -83,6 +83,9 @@ def test_trial_deadline_ends_the_trial_keeps_its_requests_and_the_api_key_stays_
     ok = duckdb.sql(f"SELECT count(*) FILTER (WHERE success) FROM read_parquet("
                     f"'{short_tmp}/results/deadline/requests/**/*.parquet')").fetchall()[0][0]
     assert ok >= 4
+    assert trials["dummy_weights"].all()
+    assert all(list(a)[list(a).index("--load-format") + 1] == "dummy" for a in trials["vllm_argv"])
+    assert not trials["serve_command"].str.contains("load-format").any()
     leaked = [p for p in (short_tmp / "results").rglob("*")
               if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaked == [] and SECRET not in res.stdout + res.stderr

@@ -165,7 +165,10 @@ def write_fake_sweep(folder: Path, model: Path, address: str | None) -> Path:
         "sla": {"p99_ttft_ms": 500, "p99_tpot_ms": 50},
         # after the baseline, seed 10 proposes max-num-seqs 2 (TTFT over the SLA), 128, then
         # TP 4 (cannot be placed on 2 GPUs)
-        "search": {"sampler": "random", "n_trials": 4, "baseline": True, "seed": 10},
+        # full runs: a run stopped early (SLA surely broken) keeps only its finished requests,
+        # and the batch-too-small diagnosis below reads the whole run
+        "search": {"sampler": "random", "n_trials": 4, "baseline": True, "seed": 10,
+                   "stop_early": False},
         "cluster": {"address": address, "max_concurrent_trials": 1},
         "results_dir": str(folder / "results"),
     }))

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from framework.objective import error_rate, evaluate, gain, goodput_slo_ms, surely_broken
+from framework.objective import (
+    error_rate,
+    evaluate,
+    evaluate_repeated,
+    gain,
+    goodput_slo_ms,
+    surely_broken,
+)
 
 # 95 completed + 5 failed -> error rate 5 / 100 = 0.05
 METRICS = {
@@ -187,3 +194,37 @@ def test_surely_broken_percentile_bound_matches_the_best_case_completion(q, n_to
 def test_surely_broken_cases(values_ms, failed, total, sla, expected):
     verdict = surely_broken(values_ms, failed, total, sla)
     assert (verdict is None) if expected is None else verdict.startswith(expected), verdict
+
+
+def run(ttft: float, out: float, failed: int = 0) -> dict:
+    return {"completed": 10 - failed, "failed": failed, "output_throughput": out,
+            "p99_ttft_ms": ttft}
+
+
+def test_repeated_runs_objective_is_the_mean_with_its_interval():
+    runs = [run(400.0, 100.0), run(420.0, 110.0), run(440.0, 120.0)]
+    verdict, extra = evaluate_repeated(runs, {"p99_ttft_ms": 500}, "output_throughput")
+    assert verdict.objective == pytest.approx(110.0) and verdict.feasible
+    # hand computation: s = 10, h = 4.303 x 10 / sqrt(3) = 24.843
+    assert extra["objective_ci95_low"] == pytest.approx(85.157, abs=1e-3)
+    assert extra["objective_ci95_high"] == pytest.approx(134.843, abs=1e-3)
+    assert extra["objective_cv"] == pytest.approx(10 / 110)
+    # ttft: mean 420, s = 20, h = 49.69 -> high 469.69
+    assert extra["p99_ttft_ms_ci95_high"] == pytest.approx(469.687, abs=1e-3)
+    assert extra["repeats"] == 3
+
+
+def test_sla_on_the_upper_confidence_bound_is_stricter_than_on_the_mean():
+    runs = [run(380.0, 100.0), run(480.0, 100.0), run(430.0, 100.0)]  # mean 430, high ~554
+    on_mean, _ = evaluate_repeated(runs, {"p99_ttft_ms": 500}, "output_throughput", sla_on="mean")
+    on_ci, extra = evaluate_repeated(runs, {"p99_ttft_ms": 500}, "output_throughput",
+                                     sla_on="ci_upper")
+    assert on_mean.feasible and not on_ci.feasible
+    assert on_ci.violations == (f"p99_ttft_ms {extra['p99_ttft_ms_ci95_high']:.4g} > 500",)
+
+
+def test_repeated_error_rate_and_counts():
+    runs = [run(100.0, 1.0, failed=0), run(100.0, 1.0, failed=2)]
+    verdict, extra = evaluate_repeated(runs, {"error_rate": 0.05}, "output_throughput")
+    assert not verdict.feasible  # mean error rate 0.1 > 0.05
+    assert extra["error_rate_ci95_high"] > 0.1

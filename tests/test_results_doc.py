@@ -183,6 +183,7 @@ def test_pandas_turns_int_and_bool_columns_with_nulls_into_float_and_object(tmp_
 # --- one real sweep --------------------------------------------------------------------------
 
 SWEEP = "docs"
+SWEEP_SLA = {"p99_ttft_ms": 60000, "p99_tpot_ms": 1000}
 PARAM_KINDS = {"param_max_num_seqs": "int", "param_gpu_memory_utilization": "float",
                "param_max_num_batched_tokens": "int", "param_kv_cache_dtype": "str",
                "param_enable_prefix_caching": "bool"}
@@ -214,7 +215,7 @@ def sweep_dir(tiny_model):
                                "FAKE_ENGINE_TPOT_MS": "2"}},
             "workload": {"num_prompts": 8, "input_len": 16, "output_len": 8, "max_concurrency": 2,
                          "warmup_requests": 0},
-            "sla": {"p99_ttft_ms": 60000, "p99_tpot_ms": 1000},  # request_goodput is set
+            "sla": SWEEP_SLA,  # request_goodput is set
             "search": {"n_trials": 2, "seed": 1},
             "cluster": {"num_cpus": 2, "num_gpus": 2, "max_concurrent_trials": 1},
             "results_dir": str(tmp / "results"),
@@ -230,8 +231,9 @@ def sweep_dir(tiny_model):
 
 def _expected(table: str) -> dict[str, str]:
     docs = documented_columns()
-    if table == "trials":
-        kinds = {**doc_trial_kinds(), **PARAM_KINDS}
+    if table == "trials":  # + the `<sla key>_ci95_high` rule columns of this sweep's SLA
+        kinds = {**doc_trial_kinds(), **PARAM_KINDS,
+                 **{f"{key}_ci95_high": "float" for key in SWEEP_SLA}}
     else:
         kinds = _kinds(docs["request"])
     return {**kinds, **_kinds(docs["partition"])}

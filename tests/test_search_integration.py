@@ -167,3 +167,38 @@ def test_a_run_whose_sla_surely_broke_stops_early_with_the_same_verdict(tiny_mod
     assert 5 <= narrow["completed"] < 20 and narrow["bench_s"] < 8  # the full run takes ~14 s
     assert wide["feasible"] == True and pd.isna(wide["stopped_early"])  # noqa: E712
     assert wide["completed"] == 40
+
+
+@pytest.mark.timeout(300)
+def test_repeated_runs_on_one_server_give_a_mean_and_an_interval(tiny_model, short_tmp):
+    space = short_tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "max-num-seqs": {"type": "categorical", "choices": [16]}}}))
+    sweep = short_tmp / "rep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "rep", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
+        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
+        "workload": {"num_prompts": 24, "input_len": 16, "output_len": 8, "max_concurrency": 4,
+                     "warmup_requests": 0},
+        "sla": {"p99_ttft_ms": 5000},
+        "search": {"sampler": "grid", "n_trials": 1, "baseline": False, "repeats": 3,
+                   "sla_on": "ci_upper"},
+        "cluster": {"num_cpus": 2, "num_gpus": 1},
+        "results_dir": str(short_tmp / "results"),
+    }))
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "under load (run 3/3)" in res.stdout
+    assert wait_no_marked_processes(marker) == []
+
+    row = read_trials(short_tmp / "results", "rep").iloc[0]
+    requests = duckdb.sql(f"SELECT step, count(*) AS n, count(DISTINCT prompt_tokens) AS lens "
+                          f"FROM read_parquet('{short_tmp}/results/rep/requests/**/*.parquet') "
+                          "GROUP BY step ORDER BY step").fetchall()
+    assert [(s, n) for s, n, _ in requests] == [(0, 24), (1, 24), (2, 24)]
+    assert row["repeats"] == 3 and row["completed"] == 72  # counts add up over the runs
+    assert row["objective_ci95_low"] <= row["objective"] <= row["objective_ci95_high"]
+    assert 0 <= row["objective_cv"] < 0.5
+    assert row["p99_ttft_ms_ci95_high"] >= row["p99_ttft_ms"] and row["feasible"]
