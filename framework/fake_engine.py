@@ -10,6 +10,8 @@ Latency is configurable through the environment (milliseconds unless named _S):
 FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS (5).
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
 With VLLM_API_KEY set, /v1 routes answer 401 without `Authorization: Bearer <key>`, as vLLM.
+Like vLLM, it dies at start-up when --num-gpu-blocks-override x --block-size (16) cannot hold
+one --max-model-len (2048) sequence.
 `on_ready(args)` is called once the server listens (the cluster module uses it to start one
 placeholder worker per placement-group bundle, as vLLM's Ray executor would).
 """
@@ -30,7 +32,7 @@ from framework.errors import TrialError
 _FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
                      "pipeline-parallel-size", "max-model-len", "distributed-executor-backend",
                      "block-size", "gpu-memory-utilization", "kv-cache-dtype", "dtype",
-                     "load-format")
+                     "load-format", "num-gpu-blocks-override")
 _BOOL_FLAGS = ("enable-chunked-prefill", "enable-prefix-caching", "enforce-eager")
 
 
@@ -40,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     for flag in _FLAGS_WITH_VALUE:
-        kind = int if flag.endswith(("size", "seqs", "tokens", "len")) else str
+        kind = int if flag.endswith(("size", "seqs", "tokens", "len", "override")) else str
         p.add_argument(f"--{flag}", type=kind, default=None)
     for flag in _BOOL_FLAGS:
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
@@ -65,6 +67,13 @@ def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = 
     """Parse, wait the configured start-up time, then serve until the process is killed."""
     args = parse_args(argv)
     time.sleep(_env_float("FAKE_ENGINE_STARTUP_S", 1.0))
+    blocks, block = args.num_gpu_blocks_override, args.block_size or 16
+    max_len = args.max_model_len or 2048
+    if blocks is not None and blocks * block < max_len:
+        raise RuntimeError(  # vLLM's own words (v1/core/kv_cache_utils.py)
+            f"To serve at least one request with the model's max seq len ({max_len}), "
+            f"({max_len * 1024} bytes KV cache is needed, which is larger than the available "
+            f"KV cache memory ({blocks * block * 1024} bytes).")
     on_ready(args)
     asyncio.run(_serve(args))
 

@@ -68,7 +68,8 @@ class Runner:
         self.tuner = Tuner(self.store.journal_path, self.spec.name, sweep.space,
                            self.spec.objective.directions, self.spec.search.sampler,
                            self.spec.search.seed, self.spec.search.effective_startup_trials,
-                           constraint_keys=list(self.spec.sla))
+                           constraint_keys=list(self.spec.sla),
+                           learn_from_failures=self.spec.search.learn_from_failures)
         self._lock = threading.Lock()
         self._unplaced = 0
         self._stopper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stop")

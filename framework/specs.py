@@ -202,7 +202,9 @@ Sampler = Literal["tpe", "random", "grid", "nsga2"]
 class SearchSpec(_Spec):
     """How Optuna searches. `sampler`: tpe (default; multivariate, constraint-aware), random,
     grid (every combination of a small discrete space, then stops), nsga2 (multi-objective
-    evolutionary). `trial_timeout_s`: deadline of one trial from the moment its
+    evolutionary). `learn_from_failures`: configuration failures (infeasible, invalid_args,
+    oom_at_startup, startup_crash, unplaceable) are told to Optuna as violated constraints so
+    it leaves their region (off: plain FAIL, which TPE ignores). `trial_timeout_s`: deadline of one trial from the moment its
     placement group is placed (start-up, warm-up and load; queueing for placement excluded),
     FAIL(trial_timeout) past it. `requeue_interrupted`: a trial interrupted by a stopped or
     killed driver runs again, as a new trial, when the sweep resumes. `stop_early`: end a
@@ -222,6 +224,7 @@ class SearchSpec(_Spec):
     trial_timeout_s: float | None = Field(default=None, gt=0)
     requeue_interrupted: bool = False
     stop_early: bool = True
+    learn_from_failures: bool = True
     repeats: int = Field(default=1, ge=1, le=20)
     sla_on: Literal["mean", "ci_upper"] = "mean"
 

@@ -117,11 +117,13 @@ def _suggest(trial: optuna.trial.Trial, name: str, dist: BaseDistribution) -> Sc
 
 class Tuner:
     """`directions`: one per objective ("maximize" / "minimize"); `constraint_keys`: the SLA
-    keys, set on every trial (with `feasibility`) so all trials carry the same constraints."""
+    keys, set on every trial (with `feasibility`) so all trials carry the same constraints;
+    `learn_from_failures: False` tells every failure as a plain FAIL (Optuna's default, for
+    comparison)."""
 
     def __init__(self, journal: Path, study_name: str, space: SearchSpace,
                  directions: Sequence[str], sampler: str, seed: int, startup_trials: int,
-                 constraint_keys: Sequence[str] = ()) -> None:
+                 constraint_keys: Sequence[str] = (), learn_from_failures: bool = True) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         journal.parent.mkdir(parents=True, exist_ok=True)
         backend = JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal)))
@@ -136,6 +138,7 @@ class Tuner:
                 load_if_exists=True)
         self.space = space
         self.constraint_keys = tuple(constraint_keys)
+        self.config_failures = CONFIG_FAILURES if learn_from_failures else frozenset()
         self._dists = distributions(space)
 
     def close_interrupted(self) -> list[int]:
@@ -189,7 +192,7 @@ class Tuner:
         if ev.fail_reason is not None or ev.objective is None:
             reason = ev.fail_reason or "internal"
             trial.set_user_attr(FAIL_REASON_ATTR, reason)
-            if reason not in CONFIG_FAILURES:
+            if reason not in self.config_failures:
                 self.study.tell(trial, state=TrialState.FAIL)
                 return
             self._constrain(trial, {}, violation=max(ev.violation, 1e-6))

@@ -286,7 +286,9 @@ def test_chat_endpoint_and_ignore_eos(server, tmp_path: Path):
 @pytest.mark.timeout(300)
 def test_metrics_sampler_on_a_live_server(server):
     tokenizer = load_tokenizer(ROOT / "models" / "tiny-llama")
-    requests = Dataset("prefix-shared", input_len=320, output_len=48, prefix_len=256,
+    # long enough (~5 s) that vLLM's KV gauge, published between engine steps, is seen
+    # non-zero even on a loaded machine (48 output tokens once read 0.0 in every sample)
+    requests = Dataset("prefix-shared", input_len=320, output_len=160, prefix_len=256,
                        prefix_groups=2).requests(tokenizer, 64, seed=11)
     sampler = MetricsSampler(server.base_url, interval_s=0.2).start()
     result = asyncio.run(run_load(server.base_url, str(ROOT / "models" / "tiny-llama"), requests,

@@ -133,3 +133,37 @@ def test_ctrl_c_mid_trial_stops_everything_and_keeps_results(tiny_model, short_t
     trials = read_trials(short_tmp / "results", "intr")
     assert list(trials["trial_number"]) == [0]
     assert trials.iloc[0]["state"] == "FAIL" and trials.iloc[0]["fail_reason"] == "interrupted"
+
+
+@pytest.mark.timeout(600)
+def test_capacity_mode_on_real_vllm_gives_a_capacity_per_trial(tiny_model, short_tmp):
+    """A real CPU sweep in capacity mode: each COMPLETE trial ends with capacity_rps, the
+    highest rate at which its SLA held, measured in rate steps on the same server."""
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    sweep = write_sweep(short_tmp, tiny_model, n_trials=1, name="capacity")
+    spec = yaml.safe_load(sweep.read_text())
+    spec.pop("objective")  # capacity: implies the objective capacity_rps
+    spec["workload"].update({"num_prompts": 60, "max_concurrency": None, "warmup_requests": 4})
+    spec["sla"] = {"p99_ttft_ms": 300, "p99_tpot_ms": 60}
+    spec["capacity"] = {"start_rate": 4.0, "tolerance": 0.3, "max_steps": 5,
+                        "step_duration_s": 3.0, "min_requests": 10}
+    sweep.write_text(yaml.safe_dump(spec))
+    try:
+        res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=500)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "req/s: SLA" in res.stdout
+    finally:
+        assert wait_no_marked_processes(marker) == []
+    row = read_trials(short_tmp / "results", "capacity").iloc[0]
+    assert row["state"] == "COMPLETE", row["fail_detail"]
+    assert row["capacity_rps"] >= 0 and row["objective"] == row["capacity_rps"]
+    assert 1 <= row["capacity_steps"] <= 5
+    steps = duckdb.sql(
+        f"SELECT step, any_value(rate) FROM read_parquet('{short_tmp}/results/capacity/requests/"
+        "**/*.parquet') GROUP BY step ORDER BY step").fetchall()
+    assert [s for s, _ in steps] == list(range(int(row["capacity_steps"])))
+    assert steps[0][1] == 4.0
+    if row["capacity_rps"] > 0:
+        assert row["capacity_rps"] in {rate for _, rate in steps}
+        assert row["p99_ttft_ms"] <= 300  # the row's metrics are those at the capacity rate

@@ -303,3 +303,36 @@ def test_conditional_parameter_is_asked_only_when_its_condition_holds(tmp_path):
         tuner.tell(p, ok(float(i)))
     assert set(flags) == {False, True}
     assert space.defaults() == {"speculative": False}
+
+
+CRASH_SPACE = {"num-gpu-blocks-override": {"type": "int", "low": 1, "high": 100},
+               "max-num-seqs": {"type": "int", "low": 1, "high": 100}}
+
+
+def crash_region_proposals(tmp_path, reason: str, learn: bool, seed: int) -> int:
+    """40 trials of TPE on a space whose lower half of num-gpu-blocks-override crashes
+    (told as `reason`); the objective rises with max-num-seqs elsewhere. Returns how many of
+    the 30 trials after the 10 random start-up ones landed in the crash region."""
+    tuner = Tuner(tmp_path / f"{reason}-{learn}-{seed}", "crash", space_of(CRASH_SPACE),
+                  ["maximize"], "tpe", seed=seed, startup_trials=10,
+                  constraint_keys=["p99_ttft_ms"], learn_from_failures=learn)
+    crashes = 0
+    for i in range(40):
+        p = tuner.ask()
+        if p.params["num-gpu-blocks-override"] <= 50:
+            crashes += i >= 10
+            tuner.tell(p, Evaluation(objective=None, constraints={}, fail_reason=reason))
+        else:
+            tuner.tell(p, ok(float(p.params["max-num-seqs"]), p99_ttft_ms=-0.1))
+    return crashes
+
+
+def test_configuration_failures_steer_the_search_away_and_infrastructure_ones_do_not(tmp_path):
+    seeds = range(3)
+    learned = sum(crash_region_proposals(tmp_path, "oom_at_startup", True, s) for s in seeds)
+    plain = sum(crash_region_proposals(tmp_path, "oom_at_startup", False, s) for s in seeds)
+    infra = sum(crash_region_proposals(tmp_path, "node_lost", True, s) for s in seeds)
+    # told as constraints, TPE leaves the crash region; as plain FAIL (or an infrastructure
+    # failure, which is not held against the configuration) it keeps sampling it as if new
+    assert learned < plain / 2, (learned, plain)
+    assert infra > learned, (infra, learned)
