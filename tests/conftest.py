@@ -123,6 +123,20 @@ def joined_cli_env(marker: str, tmp: Path) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def cli_process(args: list[str], cwd: Path, env: dict[str, str]):
+    """`vllm-sweep <args>` as a child process (stdout and stderr on one pipe, text); killed by
+    PID if it is still running when the block ends."""
+    proc = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 def read_until(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
     """Read a child's stdout lines until `text` appears (or EOF, or the deadline)."""
     seen = ""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import duckdb
@@ -15,8 +14,8 @@ import pytest
 import yaml
 
 from tests.conftest import (
-    CLI,
     cli_env,
+    cli_process,
     marked_processes,
     new_marker,
     read_until,
@@ -97,18 +96,12 @@ def test_sigterm_of_the_driver_records_interrupted_and_requeues_it(tiny_model, s
     env = cli_env(marker, short_tmp)
     sweep = fake_sweep(short_tmp, tiny_model, "sigterm", tpot_ms=100, num_prompts=8,
                        output_len=16, search={"requeue_interrupted": True})
-    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with cli_process(["run", str(sweep)], short_tmp, env) as proc:
         seen = read_until(proc, "trial 0: under load", timeout_s=120)
         assert "trial 0: under load" in seen, seen
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, seen + out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     assert wait_no_marked_processes(marker) == []
     first = read_trials(short_tmp / "results", "sigterm")
     assert list(first["fail_reason"]) == ["interrupted"]
@@ -129,9 +122,7 @@ def test_server_actor_killed_mid_load_is_server_died_and_leaves_nothing(tiny_mod
     env = cli_env(marker, short_tmp)
     sweep = fake_sweep(short_tmp, tiny_model, "actor", tpot_ms=100, num_prompts=16,
                        output_len=16, search={"n_trials": 2})
-    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with cli_process(["run", str(sweep)], short_tmp, env) as proc:
         seen = read_until(proc, "trial 0: under load", timeout_s=120)
         assert "trial 0: under load" in seen, seen
         actors = [p for p in marked_processes(marker) if "ServerActor" in " ".join(p.cmdline())]
@@ -139,10 +130,6 @@ def test_server_actor_killed_mid_load_is_server_died_and_leaves_nothing(tiny_mod
         os.kill(actors[0].pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, seen + out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     assert wait_no_marked_processes(marker) == []
     trials = read_trials(short_tmp / "results", "actor")
     assert list(trials["state"]) == ["FAIL", "COMPLETE"], trials[["fail_reason", "fail_detail"]]

@@ -4,7 +4,6 @@ of KV cache memory at start-up (FAIL(oom_at_startup))."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import duckdb
@@ -13,8 +12,8 @@ import pytest
 import yaml
 
 from tests.conftest import (
-    CLI,
     cli_env,
+    cli_process,
     marked_processes,
     new_marker,
     read_until,
@@ -34,9 +33,7 @@ def test_engine_killed_mid_load_is_server_died_with_partial_rows(tiny_model, sho
     spec = yaml.safe_load(sweep.read_text())
     spec["workload"].update({"num_prompts": 400, "output_len": 32, "request_rate": 25.0})
     sweep.write_text(yaml.safe_dump(spec))
-    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with cli_process(["run", str(sweep)], short_tmp, env) as proc:
         seen = read_until(proc, "trial 0: under load", timeout_s=400)
         assert "trial 0: under load" in seen, seen
         time.sleep(3)
@@ -46,10 +43,6 @@ def test_engine_killed_mid_load_is_server_died_with_partial_rows(tiny_model, sho
             p.kill()
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, seen + out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     trials = read_trials(short_tmp / "results", "faults")
     assert list(trials["trial_number"]) == [0, 1]
     dead = trials.iloc[0]

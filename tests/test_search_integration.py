@@ -23,32 +23,39 @@ pytestmark = pytest.mark.server
 MODEL_70B = ROOT / "model_configs" / "deepseek-r1-distill-llama-70b"
 
 
+def run_fake_sweep(tmp: Path, name: str, parameters: dict, model: Path, **sections) -> tuple[str, Path]:
+    """Write a FakeEngine sweep on a private Ray (1 fake GPU unless `cluster` says otherwise)
+    with these search parameters and sweep sections, run it through the CLI, check it exited
+    0 and left no process; returns its stdout and the sweep file."""
+    space = tmp / f"{name}-space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": parameters}))
+    sweep = tmp / f"{name}.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": name, "model": str(model), "search_space": str(space), "engine": "fake",
+        "cluster": {"num_cpus": 2, "num_gpus": 1}, "results_dir": str(tmp / "results"),
+        **sections}))
+    marker = new_marker()
+    res = run_cli(["run", str(sweep)], tmp, cli_env(marker, tmp), timeout_s=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert wait_no_marked_processes(marker) == []
+    return res.stdout, sweep
+
+
 @pytest.mark.timeout(300)
 def test_infeasible_configurations_never_launch_and_the_rest_form_a_pareto_front(
         tiny_model, short_tmp):
-    space = short_tmp / "space.yaml"
-    space.write_text(yaml.safe_dump({"parameters": {
-        "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4, 8]}}}))
-    sweep = short_tmp / "tp70b.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "tp70b", "model": str(MODEL_70B), "search_space": str(space), "engine": "fake",
-        "gpu": "A100-80GB",
-        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
-        "workload": {"tokenizer": str(tiny_model), "num_prompts": 16, "input_len": 16,
-                     "output_len": 8, "max_concurrency": 4, "warmup_requests": 0},
-        "objective": {"metric": "output_throughput_per_gpu", "direction": "maximize",
-                      "pareto_with": ["p99_ttft_ms"]},
-        "sla": {"p99_ttft_ms": 60000},
-        "search": {"sampler": "grid", "n_trials": 50, "baseline": False},
-        "cluster": {"num_cpus": 2, "num_gpus": 8},
-        "results_dir": str(short_tmp / "results"),
-    }))
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
-    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "the grid holds 4 configurations" in res.stdout
-    assert wait_no_marked_processes(marker) == []
+    out, sweep = run_fake_sweep(
+        short_tmp, "tp70b", {"tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4, 8]}},
+        MODEL_70B, gpu="A100-80GB",
+        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
+        workload={"tokenizer": str(tiny_model), "num_prompts": 16, "input_len": 16,
+                  "output_len": 8, "max_concurrency": 4, "warmup_requests": 0},
+        objective={"metric": "output_throughput_per_gpu", "direction": "maximize",
+                   "pareto_with": ["p99_ttft_ms"]},
+        sla={"p99_ttft_ms": 60000},
+        search={"sampler": "grid", "n_trials": 50, "baseline": False},
+        cluster={"num_cpus": 2, "num_gpus": 8})
+    assert "the grid holds 4 configurations" in out
 
     trials = read_trials(short_tmp / "results", "tp70b").set_index("param_tensor_parallel_size")
     assert sorted(trials.index) == [1, 2, 4, 8]
@@ -77,6 +84,7 @@ def test_infeasible_configurations_never_launch_and_the_rest_form_a_pareto_front
     front = {t.params["tensor-parallel-size"] for t in study.best_trials}
     assert front and front <= {4, 8}
 
+    env = cli_env(new_marker(), short_tmp)
     pareto = run_cli(["best", str(sweep), "--pareto"], short_tmp, env, timeout_s=60)
     assert pareto.returncode == 0, pareto.stderr
     assert pareto.stdout.startswith("Pareto front of output_throughput_per_gpu, p99_ttft_ms")
@@ -90,28 +98,16 @@ def test_infeasible_configurations_never_launch_and_the_rest_form_a_pareto_front
 def test_capacity_mode_finds_a_higher_capacity_for_a_larger_batch(tiny_model, short_tmp):
     """FakeEngine decodes at most max-num-seqs requests at once (20 ms per token, 16 tokens):
     about 3 requests/s per slot, so 8 slots hold the TTFT limit at a higher rate than 2."""
-    space = short_tmp / "space.yaml"
-    space.write_text(yaml.safe_dump({"parameters": {
-        "max-num-seqs": {"type": "categorical", "choices": [2, 8]}}}))
-    sweep = short_tmp / "cap.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "cap", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
-        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
-                           "FAKE_ENGINE_TPOT_MS": "20"}},
-        "workload": {"num_prompts": 80, "input_len": 16, "output_len": 16, "warmup_requests": 0},
-        "sla": {"p99_ttft_ms": 1000},
-        "capacity": {"start_rate": 2.0, "tolerance": 0.25, "max_steps": 6,
-                     "step_duration_s": 3.0, "min_requests": 10},
-        "search": {"sampler": "grid", "n_trials": 2, "baseline": False},
-        "cluster": {"num_cpus": 2, "num_gpus": 1},
-        "results_dir": str(short_tmp / "results"),
-    }))
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
-    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "req/s: SLA holds" in res.stdout and "req/s: SLA broken" in res.stdout
-    assert wait_no_marked_processes(marker) == []
+    out, _ = run_fake_sweep(
+        short_tmp, "cap", {"max-num-seqs": {"type": "categorical", "choices": [2, 8]}}, tiny_model,
+        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
+                        "FAKE_ENGINE_TPOT_MS": "20"}},
+        workload={"num_prompts": 80, "input_len": 16, "output_len": 16, "warmup_requests": 0},
+        sla={"p99_ttft_ms": 1000},
+        capacity={"start_rate": 2.0, "tolerance": 0.25, "max_steps": 6, "step_duration_s": 3.0,
+                  "min_requests": 10},
+        search={"sampler": "grid", "n_trials": 2, "baseline": False})
+    assert "req/s: SLA holds" in out and "req/s: SLA broken" in out
 
     trials = read_trials(short_tmp / "results", "cap").set_index("param_max_num_seqs")
     assert list(trials["state"]) == ["COMPLETE", "COMPLETE"]
@@ -138,27 +134,16 @@ def test_capacity_mode_finds_a_higher_capacity_for_a_larger_batch(tiny_model, sh
 def test_a_run_whose_sla_surely_broke_stops_early_with_the_same_verdict(tiny_model, short_tmp):
     """max-num-seqs 1 queues 40 requests sent at once behind one slot (~0.35 s each): TTFT
     passes 1 s after a few requests, so p90 over 40 is surely broken long before the end."""
-    space = short_tmp / "space.yaml"
-    space.write_text(yaml.safe_dump({"parameters": {
-        "max-num-seqs": {"type": "categorical", "choices": [1, 64]}}}))
-    sweep = short_tmp / "early.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "early", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
-        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
-                           "FAKE_ENGINE_TPOT_MS": "20"}},
-        "workload": {"num_prompts": 40, "input_len": 16, "output_len": 16, "warmup_requests": 0,
-                     "percentiles": [90]},
-        "sla": {"p90_ttft_ms": 1000},
-        "search": {"sampler": "grid", "n_trials": 2, "baseline": False},
-        "cluster": {"num_cpus": 2, "num_gpus": 1},
-        "results_dir": str(short_tmp / "results"),
-    }))
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
-    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "SLA surely broken" in res.stdout
-    assert wait_no_marked_processes(marker) == []
+    out, _ = run_fake_sweep(
+        short_tmp, "early", {"max-num-seqs": {"type": "categorical", "choices": [1, 64]}},
+        tiny_model,
+        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
+                        "FAKE_ENGINE_TPOT_MS": "20"}},
+        workload={"num_prompts": 40, "input_len": 16, "output_len": 16, "warmup_requests": 0,
+                  "percentiles": [90]},
+        sla={"p90_ttft_ms": 1000},
+        search={"sampler": "grid", "n_trials": 2, "baseline": False})
+    assert "SLA surely broken" in out
 
     trials = read_trials(short_tmp / "results", "early").set_index("param_max_num_seqs")
     narrow, wide = trials.loc[1], trials.loc[64]
@@ -171,27 +156,15 @@ def test_a_run_whose_sla_surely_broke_stops_early_with_the_same_verdict(tiny_mod
 
 @pytest.mark.timeout(300)
 def test_repeated_runs_on_one_server_give_a_mean_and_an_interval(tiny_model, short_tmp):
-    space = short_tmp / "space.yaml"
-    space.write_text(yaml.safe_dump({"parameters": {
-        "max-num-seqs": {"type": "categorical", "choices": [16]}}}))
-    sweep = short_tmp / "rep.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "rep", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
-        "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
-        "workload": {"num_prompts": 24, "input_len": 16, "output_len": 8, "max_concurrency": 4,
-                     "warmup_requests": 0},
-        "sla": {"p99_ttft_ms": 5000},
-        "search": {"sampler": "grid", "n_trials": 1, "baseline": False, "repeats": 3,
-                   "sla_on": "ci_upper"},
-        "cluster": {"num_cpus": 2, "num_gpus": 1},
-        "results_dir": str(short_tmp / "results"),
-    }))
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
-    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "under load (run 3/3)" in res.stdout
-    assert wait_no_marked_processes(marker) == []
+    out, _ = run_fake_sweep(
+        short_tmp, "rep", {"max-num-seqs": {"type": "categorical", "choices": [16]}}, tiny_model,
+        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
+        workload={"num_prompts": 24, "input_len": 16, "output_len": 8, "max_concurrency": 4,
+                  "warmup_requests": 0},
+        sla={"p99_ttft_ms": 5000},
+        search={"sampler": "grid", "n_trials": 1, "baseline": False, "repeats": 3,
+                "sla_on": "ci_upper"})
+    assert "under load (run 3/3)" in out
 
     row = read_trials(short_tmp / "results", "rep").iloc[0]
     requests = duckdb.sql(f"SELECT step, count(*) AS n, count(DISTINCT prompt_tokens) AS lens "
