@@ -258,6 +258,10 @@ class RayLauncher:
     def node_resources(self) -> list[dict[str, float]]:
         return node_resources()
 
+    def free_devices(self) -> float:
+        """GPUs no placement group holds right now, cluster-wide (0 on the CPU engine)."""
+        return 0.0 if self.engine == "cpu" else float(ray.available_resources().get("GPU", 0.0))
+
     def _env_for(self, wanted: Sequence[Bundle]) -> dict[str, str]:
         env = {k: v for k, v in self.env.items() if k != "VLLM_TARGET_DEVICE"}
         if os.environ.get(SESSION_VAR):

@@ -49,9 +49,11 @@ class Progress:
     def note(self, text: str) -> None:
         self._line(text)
 
-    def trial_started(self, number: int, done: int, params: Mapping[str, object], baseline: bool) -> None:
+    def trial_started(self, number: int, done: int, params: Mapping[str, object], baseline: bool,
+                      confirms: int | None = None) -> None:
         shown = "vLLM defaults (baseline)" if baseline else " ".join(f"{k}={v}" for k, v in params.items())
-        self._line(f"[bold]trial {number}[/bold] ({done + 1}/{self.total}) {shown}")
+        again = f" [confirmation run of trial {confirms}]" if confirms is not None else ""
+        self._line(f"[bold]trial {number}[/bold] ({done + 1}/{self.total}) {shown}{again}")
 
     def phase(self, number: int, text: str) -> None:
         self._line(f"  trial {number}: {text}")
@@ -86,21 +88,44 @@ class Best:
     gain: float | None
 
 
+def confirmed_scores(trials: pd.DataFrame) -> dict[int, float]:
+    """Trials re-measured by confirmation runs -> the mean objective over the original and its
+    confirmations; a trial any of whose measurements is not COMPLETE and feasible is left
+    out (its confirmation broke the SLA or failed)."""
+    if "confirmation_of" not in trials or trials["confirmation_of"].isna().all():
+        return {}
+    scores: dict[int, float] = {}
+    for original, group in trials.groupby("confirmation_of"):
+        measured = pd.concat([trials[trials["trial_number"] == original], group])
+        good = (measured["state"] == "COMPLETE") & (measured["feasible"] == True)  # noqa: E712
+        if len(measured) > len(group) and good.all():
+            scores[int(original)] = float(measured["objective"].mean())
+    return scores
+
+
 def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> Best | None:
-    """The best COMPLETE and feasible trial, with its gain over the baseline trial if any."""
+    """The best COMPLETE and feasible trial, with its gain over the baseline trial if any.
+    After confirmation runs the best is chosen among the confirmed trials on the mean of
+    their measurements (confirmed_scores), if any survived."""
     if trials.empty:
         return None
     ok = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
     if ok.empty:
         return None
-    row = ok.loc[ok["objective"].idxmax() if maximize else ok["objective"].idxmin()]
+    scores = confirmed_scores(trials)
+    if scores:
+        number = (max if maximize else min)(scores, key=scores.__getitem__)
+        row, value = ok[ok["trial_number"] == number].iloc[0], scores[number]
+    else:
+        row = ok.loc[ok["objective"].idxmax() if maximize else ok["objective"].idxmin()]
+        value = float(row["objective"])
     base = trials[(trials["is_baseline"] == True) & (trials["state"] == "COMPLETE")]  # noqa: E712
     base_obj = float(base["objective"].iloc[0]) if not base.empty else None
-    return Best(number=int(row["trial_number"]), objective=float(row["objective"]),
+    return Best(number=int(row["trial_number"]), objective=value,
                 serve_command=str(row["serve_command"]),
                 params={p: row[param_column(p)] for p in params},
                 baseline_objective=base_obj,
-                gain=gain(float(row["objective"]), base_obj, maximize) if base_obj is not None else None)
+                gain=gain(value, base_obj, maximize) if base_obj is not None else None)
 
 
 def _result(row: pd.Series) -> str:
@@ -135,8 +160,9 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
     if best is None:
         console.print(f"[red]No feasible configuration[/red] (SLA: {limits}).")
         return None
+    confirmed = " (mean with its confirmation run)" if confirmed_scores(trials) else ""
     console.print(f"\n[bold green]Best feasible configuration[/bold green]: trial {best.number}, "
-                  f"{objective} = {best.objective:.4g} (SLA: {limits})")
+                  f"{objective} = {best.objective:.4g}{confirmed} (SLA: {limits})")
     for name, value in best.params.items():
         console.print(f"  {name}: {value}")
     if best.gain is not None:
@@ -146,4 +172,27 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
         console.print("Gain over the vLLM-default baseline: n/a (baseline trial did not complete)")
     console.print("Command:")
     console.print(f"  {best.serve_command}", highlight=False, soft_wrap=True)
+    if (noise := noise_line(trials)) is not None:
+        console.print(noise)
     return best
+
+
+def noise_line(trials: pd.DataFrame) -> str | None:
+    """How noisy this cluster's measurements were: the median run-to-run coefficient of
+    variation of the objective over trials measured repeatedly (search.repeats), and the
+    median relative change of confirmed trials' objectives on re-measurement."""
+    parts = []
+    if "objective_cv" in trials and trials["objective_cv"].notna().any():
+        cv = trials["objective_cv"].dropna()
+        parts.append(f"median coefficient of variation {cv.median():.1%} over {len(cv)} "
+                     "repeatedly measured trials")
+    if "confirmation_of" in trials and trials["confirmation_of"].notna().any():
+        objective = trials.set_index("trial_number")["objective"]
+        confirms = trials.dropna(subset=["confirmation_of", "objective"])
+        changes = [abs(r["objective"] - objective.get(int(r["confirmation_of"])))
+                   / objective.get(int(r["confirmation_of"]))
+                   for _, r in confirms.iterrows() if objective.get(int(r["confirmation_of"]))]
+        if changes:
+            parts.append(f"confirmation runs moved the objective by {pd.Series(changes).median():.1%} "
+                         f"(median of {len(changes)})")
+    return f"Run-to-run noise: {'; '.join(parts)}." if parts else None

@@ -33,6 +33,11 @@ REQUEST_COLUMNS: list[tuple[str, str]] = [
 ]
 
 
+def plain(value: object) -> object:
+    """numpy / pandas scalars -> Python scalars (for YAML and Optuna)."""
+    return value.item() if hasattr(value, "item") else value
+
+
 def param_column(name: str) -> str:
     return "param_" + name.replace("-", "_")
 
@@ -61,7 +66,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
     and `<sla key>_ci95_high` per SLA key (repeated runs)."""
     columns = [
         ("trial_number", "int"), ("state", "str"), ("fail_reason", "str"), ("fail_detail", "str"),
-        ("is_baseline", "bool"),
+        ("is_baseline", "bool"), ("confirmation_of", "int"),
     ]
     columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
     columns += [("vllm_argv", "list<str>"), ("serve_command", "str"), ("dummy_weights", "bool")]
@@ -111,6 +116,7 @@ class TrialContext:
     feasibility: Feasibility | None = None
     sla: Mapping[str, float] | None = None  # for the diagnosis
     provenance: Mapping[str, object] | None = None  # framework.provenance
+    confirmation_of: int | None = None  # the trial this one re-measures (confirm_top)
 
 
 def trial_state(outcome: TrialOutcome) -> str:
@@ -133,6 +139,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         "fail_reason": outcome.fail_reason,
         "fail_detail": outcome.fail_detail or None,
         "is_baseline": ctx.is_baseline,
+        "confirmation_of": ctx.confirmation_of,
         "vllm_argv": list(outcome.argv),
         "serve_command": ctx.serve_command,
         "dummy_weights": _flag_value(outcome.argv, "--load-format") == "dummy",

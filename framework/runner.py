@@ -4,8 +4,9 @@ Order per trial: ask Optuna -> placement check and feasibility model (a configur
 can never be placed, or cannot fit in memory, is recorded without launching) -> run the trial in a worker thread (reserve its
 placement group, start, warm up, measure, stop) -> write request rows, then the trial row ->
 tell Optuna. Optuna is only touched from the calling thread. A new trial is asked for only
-while fewer than MAX_WAITING earlier ones still wait for placement, so the study stays close to
-what the cluster can place and small trials can backfill behind a large one; Ray reserves each
+while fewer than MAX_WAITING earlier ones still wait for placement (or, once a tick, while
+devices sit free that none of them can use), so the study stays close to what the cluster can
+place and small trials can backfill behind a large one; Ray reserves each
 group all-or-nothing, so queued trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
 rewrites rather than duplicates, and a driver killed between writing and telling leaves a
 RUNNING trial that the next run closes as FAIL(interrupted).
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
-from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Protocol
 
+import pandas as pd
 from rich.console import Console
 
 from framework.feasibility import Feasibility
@@ -27,11 +29,19 @@ from framework.objective import evaluate_repeated, per_device
 from framework.placement import Bundle, bundles, fits, shape_of, why_unplaceable
 from framework.provenance import provenance
 from framework.report import Progress, print_summary
-from framework.rows import REQUEST_COLUMNS, TrialContext, request_rows, trial_columns, trial_row
+from framework.rows import (
+    REQUEST_COLUMNS,
+    TrialContext,
+    param_column,
+    plain,
+    request_rows,
+    trial_columns,
+    trial_row,
+)
 from framework.server_args import serve_command, server_argv, trial_flags
+from framework.measure import LoadPlan
 from framework.search_space import grid_size
 from framework.sweep import Sweep, feasibility, load_plan
-from framework.measure import LoadPlan
 from framework.trial import ServerLauncher, TrialOutcome, run_trial
 from framework.tuner import Evaluation, Proposal, Tuner
 
@@ -39,13 +49,18 @@ from framework.tuner import Evaluation, Proposal, Tuner
 class ClusterLauncher(ServerLauncher, Protocol):
     def node_resources(self) -> list[dict[str, float]]: ...
 
+    def free_devices(self) -> float: ...
+
     def stop_all(self) -> None: ...
 
 
 # Trials allowed to wait for placement at once. One waiting trial makes a large shape block
 # the cluster while devices sit idle (head-of-line); a few let smaller trials backfill, while
-# the study still never runs far ahead of the cluster. Measured in docs/BENCHMARKS.md.
+# the study still never runs far ahead of the cluster. While devices sit free that no waiting
+# trial can use, one more trial a tick is asked for, up to MAX_BACKFILL waiting: a smaller
+# shape may fill them. Measured in docs/BENCHMARKS.md.
 MAX_WAITING = 3
+MAX_BACKFILL = 8
 
 
 def _vllm_version() -> str:
@@ -90,7 +105,8 @@ class Runner:
                            serve_command=serve_command(str(self.spec.model), flags),
                            vllm_version=self.vllm_version,
                            server_log=str(self.store.log_path(p.number)), feasibility=feas,
-                           sla=self.spec.sla, provenance=self.provenance)
+                           sla=self.spec.sla, provenance=self.provenance,
+                           confirmation_of=p.confirm_of)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         self.store.write_trial(row, self.columns)
@@ -185,6 +201,27 @@ class Runner:
         self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
         return True
 
+    def _queue_confirmations(self) -> int:
+        """Once the trials are done: queue the `confirm_top` best feasible configurations
+        once more (distinct configurations, confirmation runs not themselves confirmed);
+        nothing if the study already holds confirmations. Returns how many were queued."""
+        k = self.spec.search.confirm_top
+        if not k or self.tuner.has_confirmations():
+            return 0
+        trials = self.store.read_trials()
+        if trials.empty:
+            return 0
+        ok = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)  # noqa: E712
+                    & trials["confirmation_of"].isna()]
+        ok = ok.sort_values("objective", ascending=self.spec.objective.direction != "maximize")
+        top = ok.drop_duplicates("serve_command").head(k)
+        for _, row in top.iterrows():
+            params = {n: plain(row[param_column(n)]) for n in self.sweep.space.parameters
+                      if param_column(n) in row and pd.notna(row[param_column(n)])}
+            self.tuner.enqueue_confirmation(params, bool(row["is_baseline"]),
+                                            int(row["trial_number"]))
+        return len(top)
+
     def recover(self) -> None:
         """Close trials an earlier, killed driver left RUNNING (re-queued if the sweep says
         so), then queue the baseline."""
@@ -214,6 +251,8 @@ class Runner:
                                    f"running {whole} trials, not {target}")
                 target = whole
         if done >= target:
+            target += self._queue_confirmations()
+        if done >= target:
             self.console.print(f"study '{spec.name}' already holds {done} finished trials "
                                f"(target {target}); nothing to run. Use --add-trials N to extend.")
             return
@@ -226,13 +265,27 @@ class Runner:
         running: dict[Future, tuple[Proposal, dict, Feasibility | None]] = {}
         pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial")
         try:
-            while done < target:
-                while (len(running) < limit and done + len(running) < target
-                       and self._unplaced < MAX_WAITING):
+            while True:
+                if done >= target:
+                    extra = self._queue_confirmations()
+                    if not extra:
+                        break
+                    target += extra
+                    progress.total = target
+                    progress.note(f"confirmation runs: the {extra} best feasible "
+                                  "configurations once more, on fresh servers")
+                backfill = 1
+                while len(running) < limit and done + len(running) < target:
+                    if self._unplaced >= MAX_WAITING:
+                        if not (backfill and self._unplaced < MAX_BACKFILL
+                                and self.launcher.free_devices() >= 1):
+                            break
+                        backfill -= 1
                     p = self.tuner.ask()
                     flags = self._flags(p)
                     wanted = bundles(shape_of(flags), spec.engine, spec.cluster.cpus_per_worker)
-                    progress.trial_started(p.number, done + len(running), p.params, p.is_baseline)
+                    progress.trial_started(p.number, done + len(running), p.params, p.is_baseline,
+                                           p.confirm_of)
                     rejected, feas = self._rejected(p, flags, wanted,
                                                     self.launcher.node_resources())
                     if rejected is not None:

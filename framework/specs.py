@@ -214,6 +214,9 @@ class SearchSpec(_Spec):
     on the same server (fresh prompts each); the objective is their mean, with a 95%
     confidence interval in the row; `sla_on: ci_upper` judges each SLA metric by the upper
     end of its interval instead of its mean. A run whose SLA is surely broken ends the trial.
+    `confirm_top: k`: once the trials are done, the k best feasible configurations run once
+    more on fresh servers (confirmation runs), and `best` ranks the confirmed ones by the mean
+    of their measurements, dropping any whose re-measurement broke the SLA.
     """
 
     sampler: Sampler = "tpe"
@@ -226,6 +229,7 @@ class SearchSpec(_Spec):
     stop_early: bool = True
     learn_from_failures: bool = True
     repeats: int = Field(default=1, ge=1, le=20)
+    confirm_top: int = Field(default=0, ge=0, le=10)
     sla_on: Literal["mean", "ci_upper"] = "mean"
 
     @property

@@ -16,7 +16,7 @@ import psutil
 import yaml
 
 from framework.report import best_trial
-from framework.rows import param_column
+from framework.rows import param_column, plain
 from framework.server_args import trial_flags
 from framework.specs import Scalar
 
@@ -91,15 +91,11 @@ def best_as_yaml(trials: pd.DataFrame, params: list[str], maximize: bool,
     if best is None:
         return None
     row = trials[trials["trial_number"] == best.number].iloc[0]
-    values = {p: _plain(row[param_column(p)]) for p in params}
+    values = {p: plain(row[param_column(p)]) for p in params}
     flags = trial_flags(fixed, values, bool(row["is_baseline"]))
     return yaml.safe_dump({"trial": best.number, "objective": best.objective, "model": model,
                            "flags": flags, "command": best.serve_command}, sort_keys=False)
 
-
-def _plain(value: object) -> object:
-    """numpy / pandas scalars -> Python scalars (for YAML)."""
-    return value.item() if hasattr(value, "item") else value
 
 
 def pareto_trials(trials: pd.DataFrame, metrics: list[str], directions: list[str]) -> pd.DataFrame:

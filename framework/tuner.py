@@ -37,6 +37,7 @@ from framework.specs import Scalar
 BASELINE_ATTR = "baseline"
 FAIL_REASON_ATTR = "fail_reason"
 RETRY_OF_ATTR = "retry_of"
+CONFIRM_OF_ATTR = "confirm_of"
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -83,6 +84,7 @@ class Proposal:
     is_baseline: bool
     trial: optuna.trial.Trial
     retry_of: int | None = None
+    confirm_of: int | None = None
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
@@ -166,10 +168,20 @@ class Tuner:
         self.study.enqueue_trial(dict(params), user_attrs={
             BASELINE_ATTR: is_baseline, RETRY_OF_ATTR: number})
 
+    def enqueue_confirmation(self, params: Mapping[str, Scalar], is_baseline: bool,
+                             number: int) -> None:
+        """Queue trial `number`'s configuration once more, as a confirmation run."""
+        self.study.enqueue_trial(dict(params), user_attrs={
+            BASELINE_ATTR: is_baseline, CONFIRM_OF_ATTR: number})
+
+    def has_confirmations(self) -> bool:
+        return any(CONFIRM_OF_ATTR in t.user_attrs for t in self.study.get_trials(deepcopy=False))
+
     def waiting_retries(self) -> int:
         """Queued re-runs not started yet (each runs as a trial beyond the target)."""
         waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        return sum(1 for t in waiting if RETRY_OF_ATTR in t.user_attrs)
+        return sum(1 for t in waiting if RETRY_OF_ATTR in t.user_attrs
+                   or CONFIRM_OF_ATTR in t.user_attrs)
 
     def ask(self) -> Proposal:
         """The next configuration. A conditional space is asked define-by-run: a parameter is
@@ -185,7 +197,8 @@ class Tuner:
                     params[name] = _suggest(trial, name, self._dists[name])
         return Proposal(number=trial.number, params=params,
                         is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR)), trial=trial,
-                        retry_of=trial.user_attrs.get(RETRY_OF_ATTR))
+                        retry_of=trial.user_attrs.get(RETRY_OF_ATTR),
+                        confirm_of=trial.user_attrs.get(CONFIRM_OF_ATTR))
 
     def tell(self, proposal: Proposal, ev: Evaluation) -> None:
         trial = proposal.trial

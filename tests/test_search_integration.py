@@ -175,3 +175,38 @@ def test_repeated_runs_on_one_server_give_a_mean_and_an_interval(tiny_model, sho
     assert row["objective_ci95_low"] <= row["objective"] <= row["objective_ci95_high"]
     assert 0 <= row["objective_cv"] < 0.5
     assert row["p99_ttft_ms_ci95_high"] >= row["p99_ttft_ms"] and row["feasible"]
+
+
+@pytest.mark.timeout(300)
+def test_confirmation_runs_remeasure_the_top_configurations_and_best_uses_them(
+        tiny_model, short_tmp):
+    out, sweep = run_fake_sweep(
+        short_tmp, "confirm", {"max-num-seqs": {"type": "categorical", "choices": [2, 4, 8, 16]}},
+        tiny_model,
+        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "10"}},
+        workload={"num_prompts": 24, "input_len": 16, "output_len": 8, "max_concurrency": 16,
+                  "warmup_requests": 0},
+        sla={"p99_ttft_ms": 60000},
+        search={"sampler": "grid", "n_trials": 4, "baseline": False, "confirm_top": 2})
+    assert "confirmation runs: the 2 best feasible configurations" in out
+    assert "confirmation run of trial" in out
+
+    trials = read_trials(short_tmp / "results", "confirm")
+    originals = trials[trials["confirmation_of"].isna()]
+    confirms = trials.dropna(subset=["confirmation_of"])
+    assert len(originals) == 4 and len(confirms) == 2
+    top = originals.sort_values("objective", ascending=False).head(2)
+    assert set(confirms["confirmation_of"].astype(int)) == set(top["trial_number"])
+    for _, row in confirms.iterrows():
+        original = originals[originals["trial_number"] == int(row["confirmation_of"])].iloc[0]
+        assert row["param_max_num_seqs"] == original["param_max_num_seqs"]
+
+    env = cli_env(new_marker(), short_tmp)
+    again = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=120)
+    assert "nothing to run" in again.stdout  # confirmed once, not on every resume
+    means = {int(r["confirmation_of"]): (r["objective"] + originals.set_index("trial_number")
+                                         .loc[int(r["confirmation_of"]), "objective"]) / 2
+             for _, r in confirms.iterrows()}
+    best = run_cli(["best", str(sweep)], short_tmp, env, timeout_s=60)
+    winner = max(means, key=means.__getitem__)
+    assert best.stdout.strip() == originals.set_index("trial_number").loc[winner, "serve_command"]

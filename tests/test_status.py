@@ -8,6 +8,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 import yaml
 
 from framework.objective import Verdict
@@ -108,3 +109,43 @@ def test_pareto_trials_keeps_the_feasible_non_dominated_ones():
     front = pareto_trials(trials, ["output_throughput", "p99_ttft_ms"], ["maximize", "minimize"])
     # 2 is dominated by 1; 3 is infeasible; 1 and 4 tie (neither dominates the other)
     assert list(front["trial_number"]) in ([1, 4, 0], [4, 1, 0])
+
+
+def confirmed_trials():
+    import pandas as pd
+
+    rows = [  # number, objective, feasible, confirmation_of
+        (0, 100.0, True, None), (1, 150.0, True, None), (2, 140.0, True, None),
+        (3, 120.0, True, 1),    # trial 1 re-measured lower: mean 135
+        (4, 138.0, True, 2),    # trial 2 re-measured: mean 139 -> the confirmed best
+    ]
+    return pd.DataFrame({
+        "trial_number": [r[0] for r in rows], "state": ["COMPLETE"] * len(rows),
+        "feasible": [r[2] for r in rows], "objective": [r[1] for r in rows],
+        "confirmation_of": pd.array([r[3] for r in rows], dtype="Int64"),
+        "is_baseline": [True, False, False, False, False],
+        "serve_command": [f"vllm serve m --t {r[0]}" for r in rows],
+        "objective_cv": [None] * len(rows)})
+
+
+def test_best_after_confirmation_runs_is_the_best_confirmed_mean():
+    from framework.report import best_trial, confirmed_scores, noise_line
+
+    trials = confirmed_trials()
+    assert confirmed_scores(trials) == {1: 135.0, 2: 139.0}
+    best = best_trial(trials, [], maximize=True)
+    assert (best.number, best.objective, best.serve_command) == (2, 139.0, "vllm serve m --t 2")
+    assert best.gain == pytest.approx(0.39)
+    # a confirmation that broke the SLA drops its configuration
+    broken = trials.copy()
+    broken.loc[broken["trial_number"] == 4, "feasible"] = False
+    assert best_trial(broken, [], maximize=True).number == 1
+    # |120 - 150| / 150 = 20%, |138 - 140| / 140 = 1.4%: median 10.7%
+    assert "confirmation runs moved the objective by 10.7% (median of 2)" in noise_line(trials)
+
+
+def test_without_confirmations_best_is_the_single_best_measurement():
+    from framework.report import best_trial
+
+    trials = confirmed_trials().iloc[:3].copy()
+    assert best_trial(trials, [], maximize=True).number == 1
