@@ -52,7 +52,7 @@ class Progress:
     def trial_started(self, number: int, done: int, params: Mapping[str, object], baseline: bool,
                       confirms: int | None = None) -> None:
         shown = "vLLM defaults (baseline)" if baseline else " ".join(f"{k}={v}" for k, v in params.items())
-        again = f" [confirmation run of trial {confirms}]" if confirms is not None else ""
+        again = f" (confirmation run of trial {confirms})" if confirms is not None else ""
         self._line(f"[bold]trial {number}[/bold] ({done + 1}/{self.total}) {shown}{again}")
 
     def phase(self, number: int, text: str) -> None:
