@@ -84,13 +84,12 @@ class LoadPlan:
 
 @dataclass(frozen=True)
 class LoadStep:
-    """One measured run: its rate (None = unpaced), start (perf_counter s), records, in
-    capacity mode whether the SLA held, and why it stopped early (None: it ran out)."""
+    """One measured run: its rate (None = unpaced), start (perf_counter s), records, and why
+    it stopped early (None: it ran out)."""
 
     rate: float | None
     start_s: float
     records: tuple[RequestRecord, ...]
-    held: bool | None = None
     stopped: str | None = None
 
 
@@ -130,17 +129,17 @@ class Measurement:
                   "e2el": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None]}
         return surely_broken(values, len(self._records) - len(ok), self._total, self._guard)
 
-    def finish(self, result: LoadResult, held: bool | None = None) -> LoadStep:
-        step = LoadStep(self._rate, result.start_s, result.records, held)
+    def finish(self, result: LoadResult) -> LoadStep:
+        step = LoadStep(self._rate, result.start_s, result.records)
         self.steps.append(step)
         self._records = []
         return step
 
-    def finish_early(self, why: str, held: bool | None = None) -> tuple[LoadStep, LoadResult]:
+    def finish_early(self, why: str) -> tuple[LoadStep, LoadResult]:
         """End the run in progress with the requests finished so far."""
         now = time.perf_counter()
         records = tuple(sorted(self._records, key=lambda r: r.index))
-        step = LoadStep(self._rate, self._start_s, records, held, stopped=why)
+        step = LoadStep(self._rate, self._start_s, records, stopped=why)
         self.steps.append(step)
         self._records = []
         return step, LoadResult(records=records, start_s=self._start_s, end_s=now,
@@ -172,6 +171,18 @@ def run_once(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
         raise
 
 
+def _guarded_run(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
+                 arrivals: Sequence[float] | None, m: Measurement, deadline: Deadline,
+                 doing: str, duration_s: float | None = None) -> tuple[LoadStep, LoadResult]:
+    """run_once recorded as the measurement's next step (after `m.begin`); a run the SLA
+    guard stopped comes back with the requests finished so far and `step.stopped` set."""
+    try:
+        result = run_once(base_url, plan, requests, arrivals, m, deadline, doing, duration_s)
+    except SlaBroken as broken:
+        return m.finish_early(str(broken))
+    return m.finish(result), result
+
+
 def _metrics(plan: LoadPlan, result: LoadResult) -> dict[str, float]:
     return compute_metrics(result.records, result.duration_s, plan.percentiles,
                            plan.goodput_slo_ms or None)
@@ -196,17 +207,14 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
 
         phase(f"{label}: 0/{len(requests)} requests")
         m.begin(plan.request_rate, progress, len(requests), plan.sla_guard)
-        try:  # every run keeps the workload's arrival times (same rate, same burstiness)
-            result = run_once(base_url, plan, requests, plan.arrivals, m, deadline, label,
-                              plan.duration_s)
-            m.finish(result)
-        except SlaBroken as broken:
-            step, result = m.finish_early(str(broken))
-            phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
-                  f"SLA surely broken ({broken})")
-            runs.append(_metrics(plan, result))
-            break
+        # every run keeps the workload's arrival times (same rate, same burstiness)
+        step, result = _guarded_run(base_url, plan, requests, plan.arrivals, m, deadline, label,
+                                    plan.duration_s)
         runs.append(_metrics(plan, result))
+        if step.stopped:
+            phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
+                  f"SLA surely broken ({step.stopped})")
+            break
     return runs
 
 
@@ -217,8 +225,8 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
     cap = plan.capacity
     assert cap is not None
     s = cap.settings
-    measured: list[tuple[LoadStep, dict[str, float]]] = []
-    while (rate := next_rate([(st.rate, bool(st.held)) for st, _ in measured], s)) is not None:
+    measured: list[tuple[float, bool, dict[str, float]]] = []  # rate, SLA held, metrics
+    while (rate := next_rate([(r, ok) for r, ok, _ in measured], s)) is not None:
         index = len(measured)
         n = requests_for(rate, s)
         requests = list(cap.step_requests[index % len(cap.step_requests)])[:n]
@@ -226,21 +234,16 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
         doing = f"under load at {rate:.3g} req/s"
         phase(f"{doing} ({len(requests)} requests, step {index + 1})")
         m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None)
-        try:
-            result = run_once(base_url, plan, requests, arrivals, m, deadline, doing)
-        except SlaBroken as broken:
-            step, result = m.finish_early(str(broken), held=False)
-            still_serving()
-            measured.append((step, _metrics(plan, result)))
-            phase(f"  {rate:.3g} req/s: SLA broken (stopped after {len(step.records)} "
-                  f"requests: {broken})")
-            continue
+        step, result = _guarded_run(base_url, plan, requests, arrivals, m, deadline, doing)
         still_serving()
         metrics = _metrics(plan, result)
-        held = metrics["completed"] > 0 and evaluate(metrics, cap.sla, "request_throughput").feasible
-        measured.append((m.finish(result, held), metrics))
-        phase(f"  {rate:.3g} req/s: SLA {'holds' if held else 'broken'}")
-    found = capacity([(st.rate, bool(st.held)) for st, _ in measured])
-    deciding = max((x for x in measured if x[0].held), key=lambda x: x[0].rate, default=None) \
-        or min(measured, key=lambda x: x[0].rate)
-    return {**deciding[1], "capacity_rps": found, "capacity_steps": len(measured)}
+        held = (step.stopped is None and metrics["completed"] > 0
+                and evaluate(metrics, cap.sla, "request_throughput").feasible)
+        measured.append((rate, held, metrics))
+        early = (f" (stopped after {len(step.records)} requests: {step.stopped})"
+                 if step.stopped else "")
+        phase(f"  {rate:.3g} req/s: SLA {'holds' if held else 'broken'}{early}")
+    found = capacity([(r, ok) for r, ok, _ in measured])
+    deciding = max((x for x in measured if x[1]), key=lambda x: x[0], default=None) \
+        or min(measured, key=lambda x: x[0])
+    return {**deciding[2], "capacity_rps": found, "capacity_steps": len(measured)}

@@ -97,7 +97,7 @@ class Runner:
         verdict, intervals = None, None
         if outcome.ok:
             devices = shape_of(flags).world_size
-            runs = [per_device(r, devices) for r in outcome.runs] or [outcome.metrics]
+            runs = [per_device(r, devices) for r in outcome.runs or (outcome.metrics,)]
             outcome = replace(outcome, metrics=per_device(outcome.metrics, devices))
             verdict, intervals = evaluate_repeated(runs, self.spec.sla, obj.metric,
                                                    obj.pareto_with, self.spec.search.sla_on)

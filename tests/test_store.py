@@ -250,8 +250,8 @@ def test_request_rows_of_capacity_steps_carry_step_rate_and_step_relative_send_t
                              end_s=send + 0.25, prompt_tokens=3, output_tokens=1, success=True)
 
     outcome = TrialOutcome(started_at=STARTED, argv=(), steps=(
-        LoadStep(rate=1.0, start_s=100.0, records=(rec(0, 100.5), rec(1, 101.0)), held=True),
-        LoadStep(rate=2.0, start_s=200.0, records=(rec(0, 200.25),), held=False)))
+        LoadStep(rate=1.0, start_s=100.0, records=(rec(0, 100.5), rec(1, 101.0))),
+        LoadStep(rate=2.0, start_s=200.0, records=(rec(0, 200.25),))))
     rows = request_rows(3, outcome)
     assert [(r["step"], r["rate"], r["request_index"], r["send_s"]) for r in rows] == [
         (0, 1.0, 0, 0.5), (0, 1.0, 1, 1.0), (1, 2.0, 0, 0.25)]
