@@ -21,6 +21,12 @@ Phase 2: TPE and random, S seeds each, N trials. Per run, trials in order k = 1.
     pick    = the configuration of best_N; its "true" value = mean(pick) from phase 1.
 The grid passes of phase 1 are scored the same way (one pass = a 16-trial grid search; their
 measurements also make up the target, which favours them).
+Phase 3 (cpu engine, unless --no-vllm-sweep): `vllm bench sweep serve` over the same 16
+configurations, one run each after the same warm-up, with the same workload and server flags
+(its own `vllm serve` per configuration, `vllm bench serve` per run). It knows its best only once
+every configuration ran, so its time to the best configuration is its whole wall time; its pick
+is the best output tok/s among its runs within the SLA. Ratio = our median wall s to 5% (TPE) /
+that wall time.
 Prints the tables; appends them to docs/BENCHMARKS.md by default with --engine cpu, and with
 --engine fake only when --record is given. Reusing a --workdir resumes its sweeps (the CLI's
 own resume) and then the clock times cover only the new trials: use a fresh one.
@@ -29,8 +35,11 @@ own resume) and then the clock times cover only the new trials: use a fresh one.
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import math
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +53,8 @@ import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODEL = ROOT / "models" / "tiny-llama"
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 SPACE = ROOT / "search_spaces" / "tiny_cpu_grid.yaml"
 PARAMS = ["param_max_num_seqs", "param_max_num_batched_tokens", "param_enable_prefix_caching"]
@@ -99,6 +110,60 @@ def run_sweep(args: argparse.Namespace, name: str, sampler: str, seed: int, n: i
     rows = rows.sort_values("trial_number").reset_index(drop=True)
     print(f"  {name}: {len(rows)} trials in {time.monotonic() - t0:.0f} s", flush=True)
     return rows
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """Phase 3: `vllm bench sweep serve` over the grid; its wall time, runs and pick."""
+    sys.path.insert(0, str(ROOT))
+    from framework.search_space import grid_values, load_search_space
+    from framework.sweep import server_env
+    from framework.specs import SweepSpec
+
+    grid = grid_values(load_search_space(SPACE))
+    names = [n.replace("-", "_") for n in grid]
+    combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*grid.values())]
+    out = args.workdir / "vllm-sweep"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(combos))
+    port, sla = free_port(), SLA["cpu"]
+    serve = (f"{BIN / 'vllm'} serve {MODEL} --host 127.0.0.1 --port {port} --enforce-eager "
+             "--max-model-len 512")
+    bench = (f"{BIN / 'vllm'} bench serve --backend vllm --model {MODEL} "
+             f"--base-url http://127.0.0.1:{port} --dataset-name random --random-input-len 128 "
+             f"--random-output-len 64 --num-prompts {args.num_prompts} --max-concurrency 32 "
+             "--request-rate inf --ignore-eos --seed 0 --percentile-metrics ttft,tpot "
+             "--metric-percentiles 99")
+    spec = SweepSpec.model_validate({"name": "x", "model": str(MODEL), "engine": "cpu",
+                                     "search_space": str(SPACE)})
+    env = {**os.environ, **server_env(spec), "TMPDIR": str(args.workdir / "t"),
+           "PYTHONUNBUFFERED": "1"}
+    argv = [str(BIN / "vllm"), "bench", "sweep", "serve", "--serve-cmd", serve, "--bench-cmd",
+            bench, "--serve-params", str(out / "serve.json"), "--num-runs", "1",
+            "--warmup-num-prompts", "32", "--server-ready-timeout", "240", "-o", str(out),
+            "-e", "grid"]
+    log = args.workdir / "logs" / "vllm-bench-sweep.log"
+    log.parent.mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    with log.open("w") as fh:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                              timeout=400 * len(combos), start_new_session=True)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm bench sweep serve: exit {proc.returncode}; see {log}")
+    df = pd.read_csv(out / "grid" / "summary.csv")
+    df["cfg"] = [tuple(bool(r[n]) if isinstance(grid[k][0], bool) else int(r[n])
+                       for n, k in zip(names, grid, strict=True)) for _, r in df.iterrows()]
+    ok = df[(df["p99_ttft_ms"] <= sla["p99_ttft_ms"]) & (df["p99_tpot_ms"] <= sla["p99_tpot_ms"])]
+    best = ok.loc[ok["output_throughput"].idxmax()] if len(ok) else None
+    print(f"  vllm bench sweep serve: {len(df)} runs in {wall:.0f} s", flush=True)
+    return {"wall": wall, "runs": len(df), "pick": None if best is None else best["cfg"],
+            "best": math.nan if best is None else float(best["output_throughput"])}
 
 
 def config(row: pd.Series) -> tuple:
@@ -199,6 +264,8 @@ def main() -> int:
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--workdir", type=Path, default=None, help="default: a new /tmp/se-* dir")
     p.add_argument("--record", action="store_true", help="append to docs/BENCHMARKS.md (fake)")
+    p.add_argument("--no-vllm-sweep", action="store_true",
+                   help="skip phase 3 (`vllm bench sweep serve` over the grid)")
     args = p.parse_args()
     args.workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="se-", dir="/tmp"))).resolve()
     (args.workdir / "t").mkdir(parents=True, exist_ok=True)
@@ -207,6 +274,8 @@ def main() -> int:
     command = " ".join([".venv/bin/python benchmarks/search_efficiency.py", *sys.argv[1:]])
     n_trials = GRID_SIZE * args.repeats + 2 * args.seeds * args.trials
     est = n_trials * TRIAL_S[args.engine] + 15 * (args.repeats + 2 * args.seeds)
+    vllm_sweep = args.engine == "cpu" and not args.no_vllm_sweep
+    est += 40 * GRID_SIZE if vllm_sweep else 0
     print(f"{n_trials} trials in {args.repeats + 2 * args.seeds} sweeps on engine {args.engine}: "
           f"roughly {est / 60:.0f} min. Work dir {args.workdir}", flush=True)
     started, load_before, t0 = datetime.now(timezone.utc), uptime(), time.monotonic()
@@ -245,6 +314,19 @@ def main() -> int:
                f"{len(runs[s])} runs, median trials / s to it: {med(runs[s], 'reached', '.1f')}"
                f" / {med(runs[s], 'wall')}; a whole grid pass ({GRID_SIZE} trials) takes "
                f"{pass_s:.0f} s." for s in ("tpe", "random")]
+    if vllm_sweep:
+        print("phase 3: vllm bench sweep serve over the grid", flush=True)
+        theirs = run_vllm_sweep(args)
+        tpe_wall = statistics.median(math.inf if r["wall"] is None else r["wall"]
+                                     for r in runs["tpe"])
+        ratio = tpe_wall / theirs["wall"]
+        true = truth.get(theirs["pick"], math.nan) if theirs["pick"] else math.nan
+        reading += [f"- `vllm bench sweep serve` over the same grid: {theirs['runs']} runs in "
+                    f"{theirs['wall']:.0f} s (its time to the best: it must run all of them); "
+                    f"its pick within the SLA {label(theirs['pick'])} at {fmt(theirs['best'])} "
+                    f"tok/s, grid mean {fmt(true)} ({fmt(100 * true / target)}% of target). "
+                    f"Our median wall s to 5% with TPE / its wall: {ratio:.2f}x (target <= 0.5x): "
+                    f"{'met' if ratio <= 0.5 else 'missed'}."]
     reading += [f"- Noise: 2 x the median CV = {200 * median_cv:.1f}%, "
                 f"{'wider' if 2 * median_cv > 0.05 else 'narrower'} than the 5% band: a run can "
                 "reach (or miss) it on one lucky (unlucky) measurement; the grid-mean column is "
