@@ -93,7 +93,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.pareto:
         return _print_pareto(spec, trials)
     if args.format == "yaml":
-        text = best_as_yaml(trials, params, maximize, dict(spec.server.args), str(spec.model))
+        text = best_as_yaml(trials, params, maximize, dict(spec.server.args), str(spec.model),
+                            sw.space.run_params)
     else:
         best = best_trial(trials, params, maximize) if not trials.empty else None
         text = best.serve_command if best else None
@@ -149,7 +150,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     def check(params):
         from framework.server_args import trial_flags
 
-        return sweep_mod.feasibility(sw, trial_flags(spec.server.args, params, False), args.gpus)
+        return sweep_mod.feasibility(sw, trial_flags(spec.server.args, space.server_params(params),
+                                                     False), args.gpus)
 
     share = plan.feasible_share(configs, exhaustive, check)
     side = spec.concurrent_trials or args.side_by_side

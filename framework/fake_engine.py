@@ -10,6 +10,9 @@ Latency is configurable through the environment (milliseconds unless named _S):
 FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS (5).
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
 With VLLM_API_KEY set, /v1 routes answer 401 without `Authorization: Bearer <key>`, as vLLM.
+Prefix caching (unless --no-enable-prefix-caching) is whole-prompt: a prompt seen before
+counts its tokens as hits in vllm:prefix_cache_hits_total; with VLLM_SERVER_DEV_MODE=1,
+`POST /reset_prefix_cache` empties it, as vLLM's dev route does.
 Like vLLM, it dies at start-up when --num-gpu-blocks-override x --block-size (16) cannot hold
 one --max-model-len (2048) sequence.
 `on_ready(args)` is called once the server listens (the cluster module uses it to start one
@@ -84,7 +87,9 @@ async def _serve(args: argparse.Namespace) -> None:
     ttft = _env_float("FAKE_ENGINE_TTFT_MS", 20.0) / 1000
     tpot = _env_float("FAKE_ENGINE_TPOT_MS", 5.0) / 1000
     slots = asyncio.Semaphore(args.max_num_seqs or 128)
-    counters = {"running": 0, "waiting": 0, "generated": 0}
+    counters = {"running": 0, "waiting": 0, "generated": 0, "queries": 0, "hits": 0}
+    cached: set[str] = set()  # prompts seen: a whole-prompt prefix cache
+    caching = args.enable_prefix_caching is not False
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="")
@@ -93,13 +98,20 @@ async def _serve(args: argparse.Namespace) -> None:
         text = (f"vllm:num_requests_running {counters['running']}\n"
                 f"vllm:num_requests_waiting {counters['waiting']}\n"
                 f"vllm:generation_tokens_total {counters['generated']}\n"
+                f"vllm:prefix_cache_queries_total {counters['queries']}\n"
+                f"vllm:prefix_cache_hits_total {counters['hits']}\n"
                 "vllm:kv_cache_usage_perc 0.0\nvllm:num_preemptions_total 0\n")
         return web.Response(text=text, content_type="text/plain")
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         n_out = int(body.get("max_tokens") or 16)
-        prompt_tokens = max(1, len(str(body.get("prompt", "")).split()))
+        prompt = str(body.get("prompt", ""))
+        prompt_tokens = max(1, len(prompt.split()))
+        if caching:
+            counters["queries"] += prompt_tokens
+            counters["hits"] += prompt_tokens if prompt in cached else 0
+            cached.add(prompt)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         counters["waiting"] += 1
@@ -130,9 +142,15 @@ async def _serve(args: argparse.Namespace) -> None:
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
+    async def reset_prefix_cache(_: web.Request) -> web.Response:
+        cached.clear()
+        return web.json_response({"success": True})
+
     app = web.Application(middlewares=[authenticate])
     app.add_routes([web.get("/health", health), web.get("/metrics", metrics),
                     web.post("/v1/completions", completions)])
+    if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":  # as vLLM: a dev route
+        app.add_routes([web.post("/reset_prefix_cache", reset_prefix_cache)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()

@@ -285,7 +285,8 @@ def _overview(trials: pd.DataFrame, spec: SweepSpec) -> str:
             f"{spec.workload.input_len} / output {spec.workload.output_len} tokens, max "
             f"concurrency {spec.workload.max_concurrency or 'unlimited'}.</p>"
             f"<p>Trials: {len(trials)}; complete {states.get('COMPLETE', 0)} ({feasible} "
-            f"feasible); failed {len(trials) - states.get('COMPLETE', 0)}.</p>")
+            f"feasible); pruned {states.get('PRUNED', 0)}; failed or not launched "
+            f"{len(trials) - states.get('COMPLETE', 0) - states.get('PRUNED', 0)}.</p>")
 
 
 def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[str, float] | None,

@@ -14,7 +14,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from framework.capacity import CapacitySettings, capacity, next_rate, requests_for
 from framework.errors import TrialError
@@ -80,17 +80,20 @@ class LoadPlan:
     capacity: CapacityPlan | None = None
     sla_guard: Mapping[str, float] | None = None  # stop a run once this SLA surely breaks
     repeat_requests: Sequence[Sequence[RequestSpec]] = ()  # runs 2..N of `search.repeats`
+    screen: Sequence[RequestSpec] = ()  # `search.screen`'s short first run
+    screen_arrivals: Sequence[float] | None = None
 
 
 @dataclass(frozen=True)
 class LoadStep:
-    """One measured run: its rate (None = unpaced), start (perf_counter s), records, and why
-    it stopped early (None: it ran out)."""
+    """One measured run: its rate (None = unpaced), start (perf_counter s), records, why
+    it stopped early (None: it ran out), and whether it was a screening run."""
 
     rate: float | None
     start_s: float
     records: tuple[RequestRecord, ...]
     stopped: str | None = None
+    screening: bool = False
 
 
 class SlaBroken(Exception):
@@ -186,6 +189,18 @@ def _guarded_run(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
 def _metrics(plan: LoadPlan, result: LoadResult) -> dict[str, float]:
     return compute_metrics(result.records, result.duration_s, plan.percentiles,
                            plan.goodput_slo_ms or None)
+
+
+def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
+                   m: Measurement) -> tuple[dict[str, float], str | None]:
+    """The screening run (`plan.screen`, SLA-guarded like any run): its metrics and why it
+    stopped early (None: it ran out). Recorded as a step marked `screening`."""
+    phase(f"screening ({len(plan.screen)} requests)")
+    m.begin(plan.request_rate, None, len(plan.screen), plan.sla_guard)
+    step, result = _guarded_run(base_url, plan, plan.screen, plan.screen_arrivals, m, deadline,
+                                "screening")
+    m.steps[-1] = replace(step, screening=True)
+    return _metrics(plan, result), step.stopped
 
 
 def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,

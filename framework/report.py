@@ -64,6 +64,9 @@ class Progress:
             self._line(f"  trial {number}: [yellow]INFEASIBLE[/yellow] (not launched): "
                        f"{str(row['fail_detail'] or '')[:200]}")
             return
+        if row["state"] == "PRUNED":
+            self._line(f"  trial {number}: [cyan]PRUNED[/cyan] {str(row['fail_detail'] or '')[:200]}")
+            return
         if row["state"] != "COMPLETE":
             self._line(f"  trial {number}: [red]FAIL[/red] {row['fail_reason']}: "
                        f"{str(row['fail_detail'] or '')[:160]}")

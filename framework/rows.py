@@ -26,7 +26,8 @@ _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_token
                 "max_concurrent_requests"}
 
 REQUEST_COLUMNS: list[tuple[str, str]] = [
-    ("trial_number", "int"), ("step", "int"), ("rate", "float"), ("request_index", "int"),
+    ("trial_number", "int"), ("step", "int"), ("screening", "bool"), ("rate", "float"),
+    ("request_index", "int"),
     ("send_s", "float"), ("ttft_ms", "float"),
     ("tpot_ms", "float"), ("e2el_ms", "float"), ("itl_ms", "list<float>"),
     ("prompt_tokens", "int"), ("output_tokens", "int"), ("success", "bool"), ("error", "str"),
@@ -87,8 +88,8 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
         ("vllm_sweep_version", "str"), ("schema_version", "int"), ("started_at", "timestamp"),
         ("startup_s", "float"), ("bench_s", "float"), ("trial_s", "float"), ("node_ip", "str"),
         ("placement", "list<str>"), ("node_count", "int"), ("placement_wait_s", "float"),
-        ("launch_s", "float"), ("warmup_s", "float"),
-        ("server_log", "str"), ("log_tail", "str"),
+        ("launch_s", "float"), ("warmup_s", "float"), ("server_pid", "int"),
+        ("server_reused", "bool"), ("server_log", "str"), ("log_tail", "str"),
     ]
     return columns
 
@@ -120,11 +121,11 @@ class TrialContext:
 
 
 def trial_state(outcome: TrialOutcome) -> str:
-    """COMPLETE (measured), INFEASIBLE (rejected by the feasibility model before launch) or
-    FAIL (any other failure)."""
+    """COMPLETE (measured), INFEASIBLE (rejected by the feasibility model before launch),
+    PRUNED (stopped after its screening run) or FAIL (any other failure)."""
     if outcome.ok:
         return "COMPLETE"
-    return "INFEASIBLE" if outcome.fail_reason == "infeasible" else "FAIL"
+    return {"infeasible": "INFEASIBLE", "pruned": "PRUNED"}.get(outcome.fail_reason or "", "FAIL")
 
 
 def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
@@ -156,6 +157,8 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         "placement_wait_s": outcome.placement_wait_s,
         "launch_s": outcome.launch_s,
         "warmup_s": outcome.warmup_s,
+        "server_pid": outcome.server_pid,
+        "server_reused": outcome.server_reused,
         "server_log": ctx.server_log,
         "log_tail": outcome.log_tail or None,
     })
@@ -194,11 +197,13 @@ def _ms(value: float | None) -> float | None:
 
 
 def request_rows(number: int, outcome: TrialOutcome) -> list[dict[str, object]]:
-    """One row per measured request; `step` numbers the measured runs of the trial (capacity
+    """One row per measured request; `step` numbers the measured runs of the trial (a
+    screening run first, marked `screening`; capacity
     mode's rate steps, else only 0), `rate` is that run's request rate (null: unpaced) and
     send_s is relative to the start of that run."""
     return [{
-        "trial_number": number, "step": index, "rate": step.rate, "request_index": r.index,
+        "trial_number": number, "step": index, "screening": step.screening, "rate": step.rate,
+        "request_index": r.index,
         "send_s": r.send_s - step.start_s,
         "ttft_ms": _ms(r.ttft_s), "tpot_ms": _ms(r.tpot_s), "e2el_ms": _ms(r.e2el_s),
         "itl_ms": [g * 1000.0 for g in r.itl_s], "prompt_tokens": r.prompt_tokens,

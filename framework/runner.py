@@ -3,13 +3,16 @@
 Order per trial: ask Optuna -> placement check and feasibility model (a configuration that
 can never be placed, or cannot fit in memory, is recorded without launching) -> run the trial in a worker thread (reserve its
 placement group, start, warm up, measure, stop) -> write request rows, then the trial row ->
-tell Optuna. Optuna is only touched from the calling thread. A new trial is asked for only
+tell Optuna. Optuna is touched from the calling thread (and, for a screening run's pruning
+decision, from the trial's thread through the Tuner's lock). A new trial is asked for only
 while fewer than MAX_WAITING earlier ones still wait for placement (or, once a tick, while
 devices sit free that none of them can use), so the study stays close to what the cluster can
 place and small trials can backfill behind a large one; Ray reserves each
 group all-or-nothing, so queued trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
 rewrites rather than duplicates, and a driver killed between writing and telling leaves a
-RUNNING trial that the next run closes as FAIL(interrupted).
+RUNNING trial that the next run closes as FAIL(interrupted). With server.reuse, a measured
+trial's server is kept for one asking round: a new trial with the same vLLM flags takes it
+over (trial.Reused), otherwise it is stopped in the background.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Protocol
 
 import pandas as pd
@@ -41,8 +45,9 @@ from framework.rows import (
 from framework.server_args import serve_command, server_argv, trial_flags
 from framework.measure import LoadPlan
 from framework.search_space import grid_size
-from framework.sweep import Sweep, feasibility, load_plan
-from framework.trial import ServerLauncher, TrialOutcome, run_trial
+from framework.sweep import Sweep, feasibility, load_plan, with_run_settings
+from framework.server_pool import ServerPool
+from framework.trial import Reused, ServerLauncher, TrialOutcome, run_trial
 from framework.tuner import Evaluation, Proposal, Tuner
 
 
@@ -84,15 +89,18 @@ class Runner:
                            self.spec.objective.directions, self.spec.search.sampler,
                            self.spec.search.seed, self.spec.search.effective_startup_trials,
                            constraint_keys=list(self.spec.sla),
-                           learn_from_failures=self.spec.search.learn_from_failures)
+                           learn_from_failures=self.spec.search.learn_from_failures,
+                           screen_margin=(self.spec.search.screen_margin
+                                          if self.spec.search.screen else None))
         self._lock = threading.Lock()
         self._unplaced = 0
         self._stopper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stop")
         self._stops: list[Future] = []
+        self._pool = ServerPool(self.spec.server.reuse, self._stop_later)
         self.provenance = provenance(self.spec, launcher.node_resources())
 
     def _record(self, p: Proposal, flags: dict, outcome: TrialOutcome,
-                feas: Feasibility | None = None) -> dict:
+                feas: Feasibility | None = None, server_log: Path | None = None) -> dict:
         obj = self.spec.objective
         verdict, intervals = None, None
         if outcome.ok:
@@ -104,7 +112,8 @@ class Runner:
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=serve_command(str(self.spec.model), flags),
                            vllm_version=self.vllm_version,
-                           server_log=str(self.store.log_path(p.number)), feasibility=feas,
+                           server_log=str(server_log or self.store.log_path(p.number)),
+                           feasibility=feas,
                            sla=self.spec.sla, provenance=self.provenance,
                            confirmation_of=p.confirm_of)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
@@ -146,7 +155,8 @@ class Runner:
         self.store.write_trial(trial_row(ctx, outcome, None, self.columns), self.columns)
 
     def _trial(self, p: Proposal, flags: dict, wanted: list[Bundle], plan: LoadPlan,
-               progress: Progress, feas: Feasibility | None) -> TrialOutcome:
+               progress: Progress, feas: Feasibility | None,
+               reuse: Reused | None) -> TrialOutcome:
         """Runs in a worker thread; releases its 'waiting for placement' slot exactly once."""
         released = threading.Event()
 
@@ -165,9 +175,38 @@ class Runner:
             return run_trial(self.launcher, lambda host, port: server_argv(model, flags, host, port),
                              plan, self.store.log_path(p.number), wanted,
                              phase=lambda text: progress.phase(p.number, text), on_placed=placed,
-                             stop_later=lambda server: self._stop_later(p.number, server))
+                             stop_later=lambda server: self._pool.hand_over(p.number, server),
+                             reuse=reuse, screen=lambda metrics: self._screen(p, flags, metrics))
         finally:
             placed()
+
+    def _screen(self, p: Proposal, flags: dict, metrics: dict[str, float]) -> str | None:
+        """From a trial's thread, after its screening run: why it stops there (PRUNED), or
+        None. An SLA limit broken by more than screen_margin prunes it outright; otherwise its
+        objective goes to Optuna's pruner (tuner.FarFromBestPruner)."""
+        margin = self.spec.search.screen_margin
+        for key, limit in self.spec.sla.items():
+            value = metrics.get(key)
+            if value is not None and value > limit * (1 + margin):
+                return f"screening run: {key} {value:.4g} > {limit:g} by more than {margin:.0%}"
+        metric = self.spec.objective.metric
+        value = per_device(metrics, shape_of(flags).world_size).get(metric)
+        if value is None or not self.tuner.screen(p, float(value)):
+            return None
+        return (f"screening run: {metric} {value:.4g} is more than {margin:.0%} worse than the "
+                "best feasible trial's screen")
+
+    def _queue_siblings(self, p: Proposal, outcome: TrialOutcome) -> None:
+        """server.reuse with a model-guided sampler: a trial that started a server and measured
+        on it is followed by its configuration at the other values of its discrete run
+        settings, which then run on that server (the grid sampler orders its walk instead)."""
+        if (self.spec.server.reuse and self.spec.search.sampler != "grid"
+                and not outcome.server_reused and p.confirm_of is None and not p.is_baseline
+                and outcome.fail_reason in (None, "pruned")):
+            self.tuner.enqueue_new(self.sweep.space.siblings(p.params))
+
+    def _key(self, flags: dict) -> str:
+        return serve_command(str(self.spec.model), flags)
 
     def _stop_later(self, number: int, server) -> None:
         """Stop a measured trial's server off the critical path (the next trial starts
@@ -190,7 +229,12 @@ class Runner:
                 self.console.print(f"a background stop failed: {exc}")
 
     def _flags(self, p: Proposal) -> dict:
-        return trial_flags(self.spec.server.args, p.params, p.is_baseline)
+        return trial_flags(self.spec.server.args, self.sweep.space.server_params(p.params),
+                           p.is_baseline)
+
+    def _plan(self, plan: LoadPlan, p: Proposal) -> LoadPlan:
+        """The sweep's load with this trial's run settings (the baseline's: their defaults)."""
+        return with_run_settings(plan, self.spec, self.sweep.space.run_settings(p.params))
 
     def _retry(self, p: Proposal, row: dict) -> bool:
         """Queue a node_lost trial's configuration again, once, if the sweep asks for it."""
@@ -262,7 +306,10 @@ class Runner:
         ttft_key = next((k for k in spec.sla if "ttft" in k), "p99_ttft_ms")
         tpot_key = next((k for k in spec.sla if "tpot" in k), "p99_tpot_ms")
         limit = spec.concurrent_trials or 256
-        running: dict[Future, tuple[Proposal, dict, Feasibility | None]] = {}
+        running: dict[Future, tuple[Proposal, dict, Feasibility | None, Path]] = {}
+        # run settings in the space: trials that differ only in them can share a server, which
+        # asking ahead of the cluster would defeat (the next trial would already be waiting)
+        reuse_first = spec.server.reuse and bool(self.sweep.space.run_params)
         pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial")
         try:
             while True:
@@ -274,8 +321,12 @@ class Runner:
                     progress.total = target
                     progress.note(f"confirmation runs: the {extra} best feasible "
                                   "configurations once more, on fresh servers")
-                backfill = 1
+                backfill, parked = 1, self._pool.has_parked()
                 while len(running) < limit and done + len(running) < target:
+                    if reuse_first and running and not parked and (
+                            self._unplaced > 0 or self.launcher.free_devices() < 1):
+                        break  # queue nothing ahead: a finishing server may serve the next
+                    parked = False  # a parked server lets one trial be asked for it
                     if self._unplaced >= MAX_WAITING:
                         if not (backfill and self._unplaced < MAX_BACKFILL
                                 and self.launcher.free_devices() >= 1):
@@ -295,12 +346,19 @@ class Runner:
                         continue
                     with self._lock:
                         self._unplaced += 1
-                    running[pool.submit(self._trial, p, flags, wanted, plan, progress,
-                                        feas)] = (p, flags, feas)
+                    # confirmation runs re-measure on fresh servers
+                    reuse = None if p.confirm_of is not None else self._pool.take(self._key(flags))
+                    log_path = reuse.log_path if reuse else self.store.log_path(p.number)
+                    running[pool.submit(self._trial, p, flags, wanted, self._plan(plan, p),
+                                        progress, feas, reuse)] = (p, flags, feas, log_path)
+                self._pool.stop_unclaimed()
                 finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    p, flags, feas = running.pop(fut)
-                    row = self._record(p, flags, fut.result(), feas)
+                    p, flags, feas, log_path = running.pop(fut)
+                    outcome = fut.result()
+                    row = self._record(p, flags, outcome, feas, log_path)
+                    self._pool.settle(p.number, self._key(flags), outcome.argv, log_path)
+                    self._queue_siblings(p, outcome)
                     progress.trial_finished(row, ttft_key, tpot_key)
                     done += 1
                     if self._retry(p, row):
@@ -310,7 +368,7 @@ class Runner:
         except BaseException:
             self.launcher.stop_all()
             self._join_stops()
-            for fut, (p, _, _) in running.items():
+            for fut, (p, _, _, _) in running.items():
                 try:
                     fut.result(timeout=120)
                 except BaseException:  # noqa: BLE001 - the trial is recorded as interrupted
@@ -321,6 +379,7 @@ class Runner:
                     self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
             raise
         finally:
+            self._pool.stop_all()
             self._join_stops()
             pool.shutdown(wait=False, cancel_futures=True)
 

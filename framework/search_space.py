@@ -9,6 +9,11 @@ these values, so they must be true for the installed vLLM.
       max-num-batched-tokens: {type: categorical, choices: [512, 1024, 2048], default: 2048}
       enable-prefix-caching: {type: bool, default: true}
 
+A parameter with `kind: run` is a run setting, not a vLLM flag: one of RUN_SETTINGS (the
+load's request rate, concurrency or burstiness), applied by the load generator (its
+`default` is the setting the baseline trial runs with). Trials whose
+server flags are equal and whose run settings differ can share one running server.
+
 A parameter with `when: {other-flag: value, ...}` is conditional: it is searched (and passed
 to vLLM) only in trials where each named earlier parameter took that value, e.g.
 `num-speculative-tokens: {type: int, low: 1, high: 8, when: {speculative-method: ngram}}`.
@@ -16,7 +21,9 @@ to vLLM) only in trials where each named earlier parameter took that value, e.g.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -26,10 +33,17 @@ from framework.errors import ConfigError
 from framework.specs import Scalar, first_error, read_yaml
 
 
+# Run settings a search space may vary (kind: run), and the workload field each one sets.
+RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",
+                                "max-concurrency": "max_concurrency",
+                                "burstiness": "burstiness"}
+
+
 class _Param(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = ""
     help: str = ""
+    kind: Literal["server", "run"] = "server"
     when: dict[str, Scalar] = Field(default_factory=dict)
 
 
@@ -97,6 +111,16 @@ def _can_take(param: _Param, value: Scalar) -> bool:
     return False
 
 
+def _discrete(param: _Param, max_values: int) -> list[Scalar] | None:
+    if isinstance(param, BoolParam):
+        return [False, True]
+    if isinstance(param, CategoricalParam):
+        return list(param.choices)
+    if isinstance(param, IntParam) and (param.high - param.low) // param.step < max_values:
+        return list(range(param.low, param.high + 1, param.step))
+    return None
+
+
 def _check_range(low: float, high: float, log: bool, default: float | None) -> None:
     if low > high:
         raise ValueError(f"low {low} > high {high}")
@@ -119,6 +143,12 @@ class SearchSpace(BaseModel):
             if name.startswith("-") or not name.replace("-", "").isalnum():
                 raise ValueError(f"parameter {name!r}: use the vLLM flag name without dashes")
             object.__setattr__(param, "name", name)
+            if param.kind == "run" and name not in RUN_SETTINGS:
+                raise ValueError(f"parameter {name!r}: kind: run is for the load settings "
+                                 f"{', '.join(RUN_SETTINGS)}; a vLLM flag is kind: server")
+            if param.kind == "server" and name in RUN_SETTINGS:
+                raise ValueError(f"parameter {name!r} is a load setting, not a vLLM flag: "
+                                 "mark it kind: run")
         seen: list[str] = []
         for name, param in self.parameters.items():
             for other, value in param.when.items():
@@ -130,6 +160,30 @@ class SearchSpace(BaseModel):
                                      f"{other!r} never takes")
             seen.append(name)
         return self
+
+    @property
+    def run_params(self) -> tuple[str, ...]:
+        return tuple(n for n, p in self.parameters.items() if p.kind == "run")
+
+    def server_params(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        """The values of `params` that are vLLM flags (kind: server)."""
+        return {n: v for n, v in params.items() if n not in self.run_params}
+
+    def run_settings(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        """The run settings in `params`, keyed by workload field (`max_concurrency`)."""
+        return {RUN_SETTINGS[n]: v for n, v in params.items() if n in self.run_params}
+
+    def siblings(self, params: Mapping[str, Scalar], max_values: int = 16) -> list[dict[str, Scalar]]:
+        """`params` with its run settings set to every other combination of their values, for
+        run parameters with a small discrete set of values (categorical, bool, int ranges of
+        at most `max_values`); [] when there are none."""
+        names = [n for n in self.run_params if n in params]
+        values = [_discrete(self.parameters[n], max_values) for n in names]
+        if not names or any(v is None for v in values):
+            return []
+        current = tuple(params[n] for n in names)
+        return [{**params, **dict(zip(names, combo))}
+                for combo in itertools.product(*values) if combo != current]
 
     @property
     def conditional(self) -> bool:

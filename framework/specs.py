@@ -50,6 +50,13 @@ class ServerSpec(_Spec):
     meaningless text; vLLM's auto_tune does the same), recorded per trial; `serve_command`
     and `best` leave the flag out.
 
+    `reuse`: a trial whose vLLM flags equal those of the server the previous trial just
+    measured on takes that server over (same process; prefix cache reset through vLLM's
+    /reset_prefix_cache, a route that needs VLLM_SERVER_DEV_MODE=1, which reuse sets) instead of
+    starting its own; confirmation runs always start fresh servers. With run settings in the
+    space (kind: run), TPE / random trials that start a server are followed by their siblings
+    (same flags, the other discrete run-setting values), which reuse it.
+
     `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
     own IP on a joined cluster; `node` = always the node's IP; or a literal address.
     """
@@ -60,6 +67,7 @@ class ServerSpec(_Spec):
     startup_timeout_s: float = Field(default=300.0, gt=0)
     api_key_env: str | None = None
     dummy_weights: bool = False
+    reuse: bool = True
 
     @field_validator("api_key_env")
     @classmethod
@@ -217,6 +225,11 @@ class SearchSpec(_Spec):
     `confirm_top: k`: once the trials are done, the k best feasible configurations run once
     more on fresh servers (confirmation runs), and `best` ranks the confirmed ones by the mean
     of their measurements, dropping any whose re-measurement broke the SLA.
+    `screen: f`: before its measured run, each trial sends a short screening run of
+    ceil(f x num_prompts) fresh requests; the trial stops there as PRUNED when the screen
+    breaks an SLA limit by more than `screen_margin` (relative) or when Optuna's pruner
+    (tuner.FarFromBestPruner) finds its screen objective worse than the best feasible trial's
+    screen by more than `screen_margin`; the rest get the full run. Single objective only.
     """
 
     sampler: Sampler = "tpe"
@@ -231,6 +244,8 @@ class SearchSpec(_Spec):
     repeats: int = Field(default=1, ge=1, le=20)
     confirm_top: int = Field(default=0, ge=0, le=10)
     sla_on: Literal["mean", "ci_upper"] = "mean"
+    screen: float | None = Field(default=None, gt=0, lt=1)
+    screen_margin: float = Field(default=0.3, gt=0, le=10)
 
     @property
     def effective_startup_trials(self) -> int:
@@ -353,6 +368,12 @@ class SweepSpec(_Spec):
                                  "which it holds")
             if self.search.repeats > 1:
                 raise ValueError("search.repeats applies to fixed runs, not to capacity mode")
+        if self.search.screen is not None:
+            if self.capacity is not None:
+                raise ValueError("search.screen applies to fixed runs, not to capacity mode")
+            if len(self.objective.metrics) > 1:
+                raise ValueError("search.screen needs a single objective (Optuna prunes "
+                                 "single-objective studies only); drop objective.pareto_with")
         return self
 
     @model_validator(mode="after")

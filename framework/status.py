@@ -8,6 +8,7 @@ by the trials that ran side by side (1 for the CPU engine).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ class Status:
     infeasible: int
     failed: dict[str, int]
     rejected: int  # INFEASIBLE: ruled out by the feasibility model, never launched
+    pruned: int  # PRUNED: stopped after the screening run
     best_objective: float | None
     best_trial: int | None
     elapsed_s: float
@@ -45,7 +47,7 @@ class Status:
         return [f"sweep {name}: {self.finished}/{self.target} trials finished; driver {driver}",
                 f"  complete {self.complete} (feasible {self.feasible}, SLA violated "
                 f"{self.infeasible}); infeasible (not launched) {self.rejected}; "
-                f"failed: {fails}",
+                + (f"pruned {self.pruned}; " if self.pruned else "") + f"failed: {fails}",
                 f"  best feasible: {best}",
                 f"  elapsed {self.elapsed_s / 60:.1f} min; remaining {remaining}"]
 
@@ -64,7 +66,7 @@ def live_driver(state_file: Path) -> int | None:
 def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize: bool,
                  concurrency: int, driver_pid: int | None) -> Status:
     if trials.empty:
-        return Status(0, target, 0, 0, 0, {}, 0, None, None, 0.0, None, driver_pid)
+        return Status(0, target, 0, 0, 0, {}, 0, 0, None, None, 0.0, None, driver_pid)
     complete = trials[trials["state"] == "COMPLETE"]
     failed = trials[trials["state"] == "FAIL"]["fail_reason"].fillna("unknown")
     starts = trials["started_at"].dropna()
@@ -79,22 +81,28 @@ def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize:
                   infeasible=int((complete["feasible"] == False).sum()),  # noqa: E712
                   failed=failed.value_counts().to_dict(),
                   rejected=int((trials["state"] == "INFEASIBLE").sum()),
+                  pruned=int((trials["state"] == "PRUNED").sum()),
                   best_objective=best.objective if best else None,
                   best_trial=best.number if best else None, elapsed_s=elapsed,
                   remaining_s=remaining, driver_pid=driver_pid)
 
 
 def best_as_yaml(trials: pd.DataFrame, params: list[str], maximize: bool,
-                 fixed: dict[str, Scalar], model: str) -> str | None:
-    """The best feasible trial as YAML: its objective and every vLLM flag it ran with."""
+                 fixed: dict[str, Scalar], model: str,
+                 run_params: Sequence[str] = ()) -> str | None:
+    """The best feasible trial as YAML: its objective, every vLLM flag it ran with, and
+    (`load`) the values of its run settings (search parameters of kind run)."""
     best = best_trial(trials, params, maximize)
     if best is None:
         return None
     row = trials[trials["trial_number"] == best.number].iloc[0]
-    values = {p: plain(row[param_column(p)]) for p in params}
+    values = {p: plain(row[param_column(p)]) for p in params if p not in run_params}
     flags = trial_flags(fixed, values, bool(row["is_baseline"]))
-    return yaml.safe_dump({"trial": best.number, "objective": best.objective, "model": model,
-                           "flags": flags, "command": best.serve_command}, sort_keys=False)
+    out = {"trial": best.number, "objective": best.objective, "model": model, "flags": flags,
+           "command": best.serve_command}
+    if run_params:
+        out["load"] = {p: plain(row[param_column(p)]) for p in run_params}
+    return yaml.safe_dump(out, sort_keys=False)
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from framework.errors import ConfigError
@@ -64,6 +64,9 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if check_flags and name is not None and not os.environ.get(name):
         raise ConfigError(str(path), "server.api_key_env", name,
                           f"environment variable {name} is not set (it holds the servers' API key)")
+    if spec.capacity is not None and "request-rate" in space.run_params:
+        raise ConfigError(str(spec.search_space), "parameters.request-rate", "kind: run",
+                          "capacity mode searches the request rate itself; drop this parameter")
     if spec.search.sampler == "grid":
         try:
             grid_values(space)
@@ -121,7 +124,7 @@ def _check_vllm_flags(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
         return
     if bad := unknown_flag(spec.server.args, known):
         raise ConfigError(str(path), f"server.args.{bad[0]}", bad[0], bad[1])
-    if bad := unknown_flag(space.parameters, known):
+    if bad := unknown_flag(space.server_params(space.parameters), known):
         raise ConfigError(str(spec.search_space), f"parameters.{bad[0]}", bad[0], bad[1])
 
 
@@ -135,6 +138,8 @@ def server_env(spec: SweepSpec) -> dict[str, str]:
     }
     if spec.engine == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    if spec.server.reuse:  # /reset_prefix_cache between runs on a reused server is a dev route
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.update(spec.server.env)
     return env
 
@@ -142,7 +147,8 @@ def server_env(spec: SweepSpec) -> dict[str, str]:
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
     `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs; in
-    capacity mode one request set per rate step (seeds `seed + 1000 + step`)."""
+    capacity mode one request set per rate step (seeds `seed + 1000 + step`); repeats
+    `seed + 2000 + r`; the screening run `seed + 3000`."""
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -162,6 +168,12 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                           str(exc)) from None
     arrivals = None if math.isinf(w.request_rate) else arrival_offsets(
         w.num_prompts, w.request_rate, w.burstiness, w.seed)
+    screen, screen_arrivals = [], None
+    if spec.search.screen is not None:
+        n = math.ceil(spec.search.screen * w.num_prompts)
+        screen = dataset.requests(tok, n, w.seed + 3000)
+        screen_arrivals = None if arrivals is None else arrival_offsets(
+            n, w.request_rate, w.burstiness, w.seed + 3000)
     capacity = None
     if spec.capacity is not None:
         c = spec.capacity
@@ -185,7 +197,25 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     capacity=capacity,
                     sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None,
                     repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
-                                     for r in range(1, spec.search.repeats)])
+                                     for r in range(1, spec.search.repeats)],
+                    screen=screen, screen_arrivals=screen_arrivals)
+
+
+def with_run_settings(plan: LoadPlan, spec: SweepSpec, settings: Mapping[str, Scalar]) -> LoadPlan:
+    """`plan` with a trial's run settings (workload field -> value, search_space.RUN_SETTINGS)
+    in place of the workload's: concurrency, and the arrivals of its request rate and
+    burstiness (drawn with the workload's seed, as load_plan does). Pure."""
+    if not settings:
+        return plan
+    w = spec.workload.model_copy(update=dict(settings))
+    rate = float(w.request_rate)
+    arrivals = None if math.isinf(rate) else arrival_offsets(len(plan.measured), rate,
+                                                             float(w.burstiness), w.seed)
+    screen_arrivals = None if math.isinf(rate) or not plan.screen else arrival_offsets(
+        len(plan.screen), rate, float(w.burstiness), w.seed + 3000)
+    return replace(plan, max_concurrency=w.max_concurrency, arrivals=arrivals,
+                   request_rate=None if math.isinf(rate) else rate,
+                   screen_arrivals=screen_arrivals)
 
 
 def api_key(spec: SweepSpec) -> str | None:

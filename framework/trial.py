@@ -9,7 +9,9 @@ data (`TrialOutcome.fail_reason`), never raised; the server is stopped on every 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +29,7 @@ from framework.measure import (
     Phase,
     measure_capacity,
     measure_fixed,
+    measure_screen,
     run_once,
 )
 from framework.metrics import COUNT_METRICS, PEAK_METRICS
@@ -37,6 +40,7 @@ from framework.stats import combine
 class ServerHandle(Protocol):
     base_url: str
     node_ip: str
+    pid: int  # of the process serving the API (the server actor's)
     placement: tuple[str, ...]  # node IP of each placement-group bundle
 
     def is_alive(self) -> bool: ...
@@ -50,6 +54,15 @@ class ServerLauncher(Protocol):
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[dict[str, float]],
                on_placed: Callable[[], None] = lambda: None) -> ServerHandle: ...
+
+
+@dataclass(frozen=True)
+class Reused:
+    """A ready server an earlier trial measured on: the argv it was started with, its log."""
+
+    server: ServerHandle
+    argv: tuple[str, ...]
+    log_path: Path
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,8 @@ class TrialOutcome:
     fail_detail: str = ""
     log_tail: str = ""
     leftover_pids: tuple[int, ...] = ()
+    server_pid: int | None = None
+    server_reused: bool = False
 
     @property
     def ok(self) -> bool:
@@ -94,6 +109,27 @@ def _await_ready(server: ServerHandle, timeout_s: float, deadline: Deadline) -> 
     raise TrialError("startup_timeout", f"not ready within {timeout_s:.0f} s")
 
 
+def reset_prefix_cache(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> None:
+    """POST /reset_prefix_cache until vLLM answers {"success": true} (it refuses while blocks
+    are still held); TrialError("load_failed") if it never does or the route is missing
+    (it needs VLLM_SERVER_DEV_MODE=1 on the server)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + timeout_s
+    answer = ""
+    while time.monotonic() < deadline:
+        req = urllib.request.Request(f"{base_url.rstrip('/')}/reset_prefix_cache", data=b"",
+                                     headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                answer = resp.read().decode(errors="replace")
+            if json.loads(answer or "{}").get("success", True):
+                return
+        except (OSError, ValueError) as exc:
+            answer = str(exc)
+        time.sleep(0.5)
+    raise TrialError("load_failed", f"could not reset the reused server's prefix cache: {answer}")
+
+
 def _check_still_serving(server: ServerHandle, grace_s: float = 60.0) -> None:
     """After the load: a server that stopped answering /health died (or lost its node) during
     the run; wait for its actor's fate so the failure gets the right reason."""
@@ -109,12 +145,19 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
               plan: LoadPlan, log_path: Path, wanted: Sequence[dict[str, float]],
               phase: Phase = lambda _: None, on_placed: Callable[[], None] = lambda: None,
               clock: Callable[[], float] = time.monotonic,
-              stop_later: Callable[[ServerHandle], None] | None = None) -> TrialOutcome:
+              stop_later: Callable[[ServerHandle], None] | None = None,
+              reuse: Reused | None = None,
+              screen: Callable[[dict[str, float]], str | None] | None = None) -> TrialOutcome:
     """Run one trial; every failure comes back as `fail_reason` with the server log tail.
 
     `stop_later`: after a successful measurement, hand the server to it instead of stopping
-    it here (the caller stops it off the trial's critical path and must wait for that before
-    it exits); failures always stop the server here, before reading its log."""
+    it here (the caller stops it off the trial's critical path, or reuses it, and must stop
+    it before it exits); failures always stop the server here, before reading its log.
+    `reuse`: measure on this ready server instead of launching one; its prefix cache is reset
+    first, so the trial starts as on a fresh server (minus vLLM's start-up).
+    `screen`: with `plan.screen`, called with the screening run's metrics; a reason (str)
+    ends the trial there as `fail_reason="pruned"` (metrics: the screen's; the server is
+    handed to `stop_later` as after a full run), None lets the full run follow."""
     started_at = datetime.now(timezone.utc)
     t0 = clock()
     argv: list[str] = []
@@ -134,10 +177,19 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             deadline = Deadline(plan.trial_timeout_s, clock)
             on_placed()
 
-        phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1 else "starting server")
-        server = launcher.launch(remember, log_path, wanted, placed)
+        if reuse is not None:
+            log_path = reuse.log_path
+            phase(f"reusing the running server (pid {reuse.server.pid}), prefix cache reset")
+            server = reuse.server
+            argv.extend(reuse.argv)
+            placed()
+            reset_prefix_cache(server.base_url, plan.api_key)
+        else:
+            phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1
+                  else "starting server")
+            server = launcher.launch(remember, log_path, wanted, placed)
         launch_s = clock() - t0
-        if len(wanted) > 1:
+        if len(wanted) > 1 and reuse is None:
             phase(f"starting server on {', '.join(server.placement)}")
         _await_ready(server, plan.startup_timeout_s, deadline)
         ready = True
@@ -149,17 +201,27 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                      "warming up")
             warmup_s = clock() - t_warm
         t_load = clock()
-        sampler = MetricsSampler(server.base_url).start()
-        try:
-            if plan.capacity is None:
-                runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
-                metrics = combine(runs, COUNT_METRICS, PEAK_METRICS)
-            else:
-                metrics = measure_capacity(server.base_url, plan, deadline, phase, measurement,
-                                           lambda: _check_still_serving(server))
-                runs = [metrics]
-        finally:
-            sampled = sampler.stop()
+        pruned = None
+        if plan.screen and screen is not None:
+            metrics, stopped = measure_screen(server.base_url, plan, deadline, phase, measurement)
+            runs = [metrics]
+            pruned = (f"SLA surely broken in the screening run ({stopped})" if stopped
+                      else screen(metrics))
+        samples: list = []
+        if pruned:
+            phase(f"pruned: {pruned}")
+        else:
+            sampler = MetricsSampler(server.base_url).start()
+            try:
+                if plan.capacity is None:
+                    runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
+                    metrics = combine(runs, COUNT_METRICS, PEAK_METRICS)
+                else:
+                    metrics = measure_capacity(server.base_url, plan, deadline, phase,
+                                               measurement, lambda: _check_still_serving(server))
+                    runs = [metrics]
+            finally:
+                samples = sampler.stop().samples
         bench_s = clock() - t_load
         _check_still_serving(server)
         if metrics["completed"] == 0:
@@ -178,8 +240,10 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             launch_s=launch_s, startup_s=startup_s, warmup_s=warmup_s,
                             bench_s=bench_s, trial_s=clock() - t0,
                             metrics=metrics, runs=tuple(runs),
-                            server_metrics=summarize(sampled.samples),
-                            steps=tuple(measurement.steps), leftover_pids=tuple(left))
+                            server_metrics=summarize(samples),
+                            steps=tuple(measurement.steps), leftover_pids=tuple(left),
+                            server_pid=server.pid, server_reused=reuse is not None,
+                            fail_reason="pruned" if pruned else None, fail_detail=pruned or "")
     except TrialError as exc:
         left = server.stop() if server is not None else []
         tail = log_tail(log_path)
@@ -195,7 +259,9 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             startup_s=startup_s, warmup_s=warmup_s,
                             bench_s=bench_s, trial_s=clock() - t0, fail_reason=reason,
                             fail_detail=detail, log_tail=tail,
-                            steps=measurement.partial(), leftover_pids=tuple(left))
+                            steps=measurement.partial(), leftover_pids=tuple(left),
+                            server_pid=server.pid if server else None,
+                            server_reused=reuse is not None)
     except BaseException:
         if server is not None:
             server.stop()

@@ -8,6 +8,7 @@ Feasibility uses Optuna's constraint convention (`trial.set_constraint`, feasibl
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -89,7 +90,30 @@ class Proposal:
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
     """GridSampler without its `study.stop()` once the grid is exhausted, which raises
-    outside `study.optimize`; the runner stops at the grid's size instead."""
+    outside `study.optimize`; the runner stops at the grid's size instead.
+
+    With run settings (`run_params`), the grid is walked in order, its points grouped by
+    server flags (groups in the seed's shuffled order): consecutive trials then differ only
+    in run settings and can share a server (server.reuse)."""
+
+    def __init__(self, grid: dict[str, list], seed: int, run_params: Sequence[str] = ()) -> None:
+        super().__init__(grid, seed=seed)
+        self._ordered = bool(run_params)
+        if self._ordered:
+            server = [i for i, n in enumerate(self._param_names) if n not in run_params]
+            first: dict[tuple, int] = {}
+            for point in self._all_grids:
+                first.setdefault(tuple(point[i] for i in server), len(first))
+            self._all_grids.sort(key=lambda point: first[tuple(point[i] for i in server)])
+
+    def before_trial(self, study, trial) -> None:  # noqa: ANN001
+        if not self._ordered or "grid_id" in trial.system_attrs \
+                or "fixed_params" in trial.system_attrs:
+            return super().before_trial(study, trial)
+        unvisited = self._get_unvisited_grid_ids(study)
+        grid_id = min(unvisited) if unvisited else 0
+        study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
+        study._storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
 
     def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
         return None
@@ -102,7 +126,7 @@ def _sampler(name: str, space: SearchSpace, seed: int, startup_trials: int,
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return _AskTellGridSampler(grid_values(space), seed=seed)
+        return _AskTellGridSampler(grid_values(space), seed, space.run_params)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
     raise ValueError(f"unknown sampler {name!r}")
@@ -117,6 +141,31 @@ def _suggest(trial: optuna.trial.Trial, name: str, dist: BaseDistribution) -> Sc
     return trial.suggest_categorical(name, dist.choices)
 
 
+class FarFromBestPruner(optuna.pruners.BasePruner):
+    """Prunes a trial whose intermediate value at its last step is worse than the best value
+    that finished, feasible trials (every constraint <= 0) reported at that step, by more than
+    `margin` relative to it: value < best x (1 - margin) maximizing, value > best x
+    (1 + margin) minimizing. No finished feasible trial at that step: no pruning."""
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None:
+            return False
+        value = trial.intermediate_values[step]
+        seen = [t.intermediate_values[step]
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if step in t.intermediate_values and FAIL_REASON_ATTR not in t.user_attrs
+                and all(c <= 0 for c in t.constraints.values())]
+        if not seen:
+            return False
+        if study.direction == optuna.study.StudyDirection.MAXIMIZE:
+            return value < max(seen) * (1 - self.margin)
+        return value > min(seen) * (1 + self.margin)
+
+
 class Tuner:
     """`directions`: one per objective ("maximize" / "minimize"); `constraint_keys`: the SLA
     keys, set on every trial (with `feasibility`) so all trials carry the same constraints;
@@ -125,7 +174,8 @@ class Tuner:
 
     def __init__(self, journal: Path, study_name: str, space: SearchSpace,
                  directions: Sequence[str], sampler: str, seed: int, startup_trials: int,
-                 constraint_keys: Sequence[str] = (), learn_from_failures: bool = True) -> None:
+                 constraint_keys: Sequence[str] = (), learn_from_failures: bool = True,
+                 screen_margin: float | None = None) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         journal.parent.mkdir(parents=True, exist_ok=True)
         backend = JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal)))
@@ -137,11 +187,14 @@ class Tuner:
                 directions=list(self.directions),
                 sampler=_sampler(sampler, space, seed, startup_trials,
                                  population=max(4, min(50, 2 * startup_trials))),
+                pruner=(FarFromBestPruner(screen_margin) if screen_margin is not None
+                        else optuna.pruners.NopPruner()),
                 load_if_exists=True)
         self.space = space
         self.constraint_keys = tuple(constraint_keys)
         self.config_failures = CONFIG_FAILURES if learn_from_failures else frozenset()
         self._dists = distributions(space)
+        self._lock = threading.RLock()
 
     def close_interrupted(self) -> list[int]:
         """Mark trials left RUNNING by a dead driver as FAIL(interrupted); returns their numbers."""
@@ -174,6 +227,17 @@ class Tuner:
         self.study.enqueue_trial(dict(params), user_attrs={
             BASELINE_ATTR: is_baseline, CONFIRM_OF_ATTR: number})
 
+    def enqueue_new(self, candidates: Sequence[Mapping[str, Scalar]]) -> int:
+        """Queue the candidates no trial of the study has run or queued (same parameters);
+        they are asked next, in order. Returns how many were queued."""
+        with self._lock:
+            seen = [t.params or t.system_attrs.get("fixed_params", {})
+                    for t in self.study.get_trials(deepcopy=False)]
+            fresh = [dict(c) for c in candidates if dict(c) not in seen]
+            for params in fresh:
+                self.study.enqueue_trial(params)
+            return len(fresh)
+
     def has_confirmations(self) -> bool:
         return any(CONFIRM_OF_ATTR in t.user_attrs for t in self.study.get_trials(deepcopy=False))
 
@@ -186,6 +250,10 @@ class Tuner:
     def ask(self) -> Proposal:
         """The next configuration. A conditional space is asked define-by-run: a parameter is
         suggested only when its `when` holds for the values chosen before it."""
+        with self._lock:
+            return self._ask()
+
+    def _ask(self) -> Proposal:
         if not self.space.conditional:
             trial = self.study.ask(fixed_distributions=self._dists)
             params = dict(trial.params)
@@ -200,8 +268,22 @@ class Tuner:
                         retry_of=trial.user_attrs.get(RETRY_OF_ATTR),
                         confirm_of=trial.user_attrs.get(CONFIRM_OF_ATTR))
 
+    def screen(self, proposal: Proposal, value: float) -> bool:
+        """Report the screening run's objective (step 0); True if the pruner prunes the trial.
+        Called from a trial's thread: serialized with ask and tell."""
+        with self._lock:
+            proposal.trial.report(value, 0)
+            return proposal.trial.should_prune()
+
     def tell(self, proposal: Proposal, ev: Evaluation) -> None:
+        with self._lock:
+            self._tell(proposal, ev)
+
+    def _tell(self, proposal: Proposal, ev: Evaluation) -> None:
         trial = proposal.trial
+        if ev.fail_reason == "pruned":
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return
         if ev.fail_reason is not None or ev.objective is None:
             reason = ev.fail_reason or "internal"
             trial.set_user_attr(FAIL_REASON_ATTR, reason)

@@ -1,7 +1,8 @@
 """One contract, two engines: vLLM's real OpenAI server (framework.engine) and FakeEngine, the
 named stand-in used for scheduling tests at scale. Both must reject bad flags as invalid_args
 before listening, serve /health and streaming completions with usage (and /v1 only with the
-API key when VLLM_API_KEY is set), and leave no process
+API key when VLLM_API_KEY is set), count prefix-cache hits on a repeated prompt and forget them
+after `POST /reset_prefix_cache` (dev mode), and leave no process
 once their process group is killed."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pytest
 
 from framework.errors import TrialError
 from framework.loadgen import run_load, wait_ready
+from framework.server_metrics import PREFIX_HITS, fetch_text, parse_metrics
+from framework.trial import reset_prefix_cache
 from framework.workload import RequestSpec
 
 ENGINES = ["framework.engine", "framework.fake_engine"]
@@ -49,7 +52,7 @@ def running_engine(request, tiny_model, tmp_path):
     argv = ["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
             "--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager"]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", FAKE_ENGINE_STARTUP_S="0.2",
-               VLLM_API_KEY=API_KEY)
+               VLLM_API_KEY=API_KEY, VLLM_SERVER_DEV_MODE="1")
     code = f"import sys; from {request.param} import serve; serve(sys.argv[1:])"
     with open(tmp_path / "server.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
@@ -91,3 +94,28 @@ def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_mod
     assert [r.success for r in result.records] == [True] * 6, [r.error for r in result.records]
     assert all(r.output_tokens == 12 and r.prompt_tokens > 0 for r in result.records)
     assert all(r.ttft_s is not None and r.ttft_s > 0 and len(r.chunk_s) >= 1 for r in result.records)
+
+    def hits() -> float:
+        return parse_metrics(fetch_text(f"{base_url}/metrics", 10)).get(PREFIX_HITS, 0.0)
+
+    long = [RequestSpec(prompt="the quick brown fox " * 45, prompt_len=290, output_len=4)]
+    def send() -> None:
+        done = asyncio.run(run_load(base_url, str(tiny_model), long, api_key=API_KEY))
+        assert done.records[0].success, done.records[0].error
+
+    def hits_after(before: float) -> float:
+        """The counter once it moved past `before`, or after 3 s (vLLM publishes it from
+        its output loop, a moment after the response)."""
+        deadline = time.monotonic() + 3
+        while (now := hits()) <= before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return now
+
+    send()
+    before = hits_after(-1.0)
+    send()
+    assert hits_after(before) > before, "a repeated prompt must hit the prefix cache"
+    reset_prefix_cache(base_url, API_KEY)
+    before = hits_after(-1.0)
+    send()
+    assert hits_after(before) == before, "after the reset the same prompt must miss"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
-from pathlib import Path
 
 import pytest
 import yaml
