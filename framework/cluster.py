@@ -43,6 +43,9 @@ from framework.vllm_plugin import ENV_FLAG
 # Ray's GCS marks a node dead after ~5 missed health checks of 3 s; an actor on a dying node
 # is reported dead before that.
 NODE_DEATH_DETECTION_S = 45.0
+# FakeEngine only: a JSON-lines file where each placeholder worker logs the device it claims
+# and the launcher logs when the trial's group is released (scheduling tests read it).
+OCCUPANCY_LOG_ENV = "FAKE_ENGINE_OCCUPANCY_LOG"
 
 
 @ray.remote(num_cpus=0)
@@ -85,7 +88,7 @@ class ServerActor:
             self._workers.append(worker)
         events = ray.get([w.claim.remote(port, i, group.id.hex(), tag)
                           for i, w in enumerate(self._workers)], timeout=300)
-        path = os.environ.get("FAKE_ENGINE_OCCUPANCY_LOG")
+        path = os.environ.get(OCCUPANCY_LOG_ENV)
         if path:
             with open(path, "a") as fh:
                 fh.write("".join(json.dumps(e) + "\n" for e in events))
@@ -136,8 +139,16 @@ def _reap(pids: list[int], grace_s: float) -> list[int]:
     return [p.pid for p in alive]
 
 
-_tree_remote = ray.remote(num_cpus=0)(_tree)
-_reap_remote = ray.remote(num_cpus=0)(_reap)
+def _stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float) -> list[int]:
+    """The server actor's tree ended in one task on its node: the tree found while the actor
+    (pid) still runs, the actor killed through Ray (so Ray records an intended death), then
+    its descendants `_reap`ed; returns pids still alive."""
+    tree = _tree(pid)
+    ray.kill(actor, no_restart=True)
+    return _reap(tree, grace_s)
+
+
+_stop_tree_remote = ray.remote(num_cpus=0)(_stop_tree)
 
 
 @dataclass
@@ -155,6 +166,7 @@ class RayServer:
     placement: tuple[str, ...]
     _on_stop: Callable[[RayServer], None] = field(default=lambda _: None, repr=False)
     _stopped: bool = field(default=False, repr=False)
+    released_at: float | None = None  # wall clock just before the group was removed
 
     def _on_node(self, fn, *args):
         strategy = NodeAffinitySchedulingStrategy(self.node_id, soft=False)
@@ -202,22 +214,20 @@ class RayServer:
         return sorted({ip for ip in (*self.placement, self.node_ip) if ip not in alive})
 
     def stop(self) -> list[int]:
-        """Kill the actor and its process tree; returns pids that survived (should be [])."""
+        """End the actor's process tree (one task on its node: `_stop_tree`), then the actor
+        and the group, so the devices are handed on only once every process that used them
+        is gone; returns pids that survived (should be [])."""
         if self._stopped:
             return []
         self._stopped = True
-        node_alive = self.node_ip not in self.lost_nodes()
-        pids: list[int] = []
-        if node_alive:
+        left: list[int] = []
+        if self.node_ip not in self.lost_nodes():
             try:
-                pids = self._on_node(_tree_remote, self.pid)
-            except Exception:  # noqa: BLE001 - the node died meanwhile: nothing left to find
-                pids = []
+                left = self._on_node(_stop_tree_remote, self.pid, self.actor, 10.0)
+            except Exception:  # noqa: BLE001 - the node died meanwhile: nothing left to reap
+                left = []
         ray.kill(self.actor, no_restart=True)
-        try:
-            left = self._on_node(_reap_remote, pids, 10.0) if pids else []
-        except Exception:  # noqa: BLE001
-            left = []
+        self.released_at = time.time()
         remove_placement_group(self.group)
         self._on_stop(self)
         return left
@@ -275,6 +285,11 @@ class RayLauncher:
         with self._lock:
             self._ports.discard((server.node_id, server.port))
             self._active.pop(id(server), None)
+        path = self.env.get(OCCUPANCY_LOG_ENV)
+        if self.engine == "fake" and path:
+            with open(path, "a") as fh:
+                fh.write(json.dumps({"t": server.released_at, "group": server.group.id.hex(),
+                                     "released": True}) + "\n")
 
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[Bundle], on_placed: Callable[[], None] = lambda: None) -> RayServer:
