@@ -81,21 +81,24 @@ def free_port() -> int:
 
 class VllmServer:
     """`vllm serve MODEL --enforce-eager --max-model-len 1024 [extra]` on a free local port, in
-    its own session; a context manager that waits for /health and always stops the server."""
+    its own session; a context manager that waits for /health and always stops the server.
+    `eager=False` drops --enforce-eager (torch.compile runs); `env` overrides SERVER_ENV."""
 
     def __init__(self, model: Path, log_path: Path, extra_args: tuple[str, ...] = (),
-                 startup_timeout_s: float = 300.0) -> None:
+                 startup_timeout_s: float = 300.0, eager: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.argv = [str(BIN / "vllm"), "serve", str(model), "--enforce-eager",
+        self.argv = [str(BIN / "vllm"), "serve", str(model), *(["--enforce-eager"] * eager),
                      "--max-model-len", "1024", "--host", "127.0.0.1", "--port", str(self.port),
                      *extra_args]
+        self.env = {**os.environ, **SERVER_ENV, **(env or {})}
         self.log_path, self.startup_timeout_s = log_path, startup_timeout_s
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> VllmServer:
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(self.argv, env={**os.environ, **SERVER_ENV}, stdout=log,
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         try:

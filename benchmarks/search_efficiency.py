@@ -65,7 +65,8 @@ SLA = {"cpu": {"p99_ttft_ms": 500.0, "p99_tpot_ms": 10.0},
 TRIAL_S = {"cpu": 30.0, "fake": 8.0}  # rough per-trial cost, for the up-front estimate
 
 
-def sweep_yaml(args: argparse.Namespace, name: str, sampler: str, seed: int, n: int) -> Path:
+def sweep_yaml(args: argparse.Namespace, name: str, sampler: str, seed: int, n: int,
+               extra: dict[str, dict[str, Any]] | None = None) -> Path:
     spec: dict[str, Any] = {
         "name": name, "model": str(ROOT / "models" / "tiny-llama"), "search_space": str(SPACE),
         "engine": args.engine,
@@ -77,6 +78,8 @@ def sweep_yaml(args: argparse.Namespace, name: str, sampler: str, seed: int, n: 
         "sla": SLA[args.engine],
         "search": {"sampler": sampler, "n_trials": n, "seed": seed, "baseline": False},
         "results_dir": str(args.workdir / "results")}
+    for section, values in (extra or {}).items():
+        spec[section] = {**spec.get(section, {}), **values}
     if args.engine == "fake":  # max-num-seqs < 32 queues requests; the other flags do nothing
         spec["server"].update(startup_timeout_s=60, env={
             "FAKE_ENGINE_STARTUP_S": "1", "FAKE_ENGINE_TTFT_MS": "20", "FAKE_ENGINE_TPOT_MS": "5"})
@@ -87,9 +90,11 @@ def sweep_yaml(args: argparse.Namespace, name: str, sampler: str, seed: int, n: 
     return path
 
 
-def run_sweep(args: argparse.Namespace, name: str, sampler: str, seed: int, n: int) -> pd.DataFrame:
-    """One sweep through the CLI, as a user runs it; its trial rows from the Parquet files."""
-    path = sweep_yaml(args, name, sampler, seed, n)
+def run_sweep(args: argparse.Namespace, name: str, sampler: str, seed: int, n: int,
+              extra: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
+    """One sweep through the CLI, as a user runs it; its trial rows from the Parquet files.
+    `extra`: keys merged into the sweep's sections (e.g. {"search": {"screen": 0.25}})."""
+    path = sweep_yaml(args, name, sampler, seed, n, extra)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TMPDIR": str(args.workdir / "t"),
            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     log = args.workdir / "logs" / f"{name}.log"
@@ -162,8 +167,10 @@ def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     ok = df[(df["p99_ttft_ms"] <= sla["p99_ttft_ms"]) & (df["p99_tpot_ms"] <= sla["p99_tpot_ms"])]
     best = ok.loc[ok["output_throughput"].idxmax()] if len(ok) else None
     print(f"  vllm bench sweep serve: {len(df)} runs in {wall:.0f} s", flush=True)
-    return {"wall": wall, "runs": len(df), "pick": None if best is None else best["cfg"],
-            "best": math.nan if best is None else float(best["output_throughput"])}
+    found = {"wall": wall, "runs": len(df), "pick": None if best is None else best["cfg"],
+             "best": math.nan if best is None else float(best["output_throughput"])}
+    (out / "result.json").write_text(json.dumps(found))  # for benchmarks/sweep_cost.py
+    return found
 
 
 def config(row: pd.Series) -> tuple:
