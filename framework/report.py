@@ -132,6 +132,8 @@ def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> B
 
 
 def _result(row: pd.Series) -> str:
+    if row["state"] in ("PRUNED", "INFEASIBLE"):
+        return str(row["state"])
     if row["state"] != "COMPLETE":
         return f"FAIL({row['fail_reason']})"
     return "feasible" if row["feasible"] else "SLA violated"
