@@ -67,3 +67,23 @@ def why_unplaceable(wanted: Sequence[Bundle], nodes: Sequence[Mapping[str, float
     parts = [f"{k} {need[k]:g} needed, {have[k]:g} in the cluster" for k in need]
     return (f"{len(wanted)} bundles {list(wanted)} cannot be placed on {len(nodes)} node(s): "
             + "; ".join(parts))
+
+
+# Trials allowed to wait for placement at once. One waiting trial lets a large shape block the
+# cluster while devices sit idle (head-of-line); a few let smaller trials backfill, while the
+# study still never runs far ahead of the cluster. Beyond MAX_WAITING, a trial is asked for only
+# while devices sit free that no waiting trial can use, up to MAX_BACKFILL waiting. Measured in
+# docs/BENCHMARKS.md.
+MAX_WAITING = 3
+MAX_BACKFILL = 16
+
+
+def ask_another(waiting: Sequence[int], free: float, max_waiting: int = MAX_WAITING,
+                max_backfill: int = MAX_BACKFILL) -> bool:
+    """Whether to ask the study for one more trial, given the device counts of the trials still
+    waiting for placement and the devices no group holds: yes while len(waiting) < max_waiting;
+    beyond that only while free >= 1 and every waiting trial needs more than `free` (so the free
+    devices would sit idle), up to max_backfill waiting."""
+    if len(waiting) < max_waiting:
+        return True
+    return len(waiting) < max_backfill and free >= 1 and min(waiting) > free

@@ -5,10 +5,11 @@ can never be placed, or cannot fit in memory, is recorded without launching) -> 
 placement group, start, warm up, measure, stop) -> write request rows, then the trial row ->
 tell Optuna. Optuna is touched from the calling thread (and, for a screening run's pruning
 decision, from the trial's thread through the Tuner's lock). A new trial is asked for only
-while fewer than MAX_WAITING earlier ones still wait for placement (or, once a tick, while
-devices sit free that none of them can use), so the study stays close to what the cluster can
-place and small trials can backfill behind a large one; Ray reserves each
-group all-or-nothing, so queued trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
+while fewer than MAX_WAITING earlier ones still wait for placement, or while devices sit free
+that none of them can use (placement.ask_another), so the study stays close to what the cluster
+can place and small trials backfill behind a large one; the loop wakes when a trial ends and
+when a background stop releases a group. Ray reserves each group all-or-nothing, so queued
+trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
 rewrites rather than duplicates, and a driver killed between writing and telling leaves a
 RUNNING trial that the next run closes as FAIL(interrupted). With server.reuse, a measured
 trial's server is kept for one asking round: a new trial with the same vLLM flags takes it
@@ -30,7 +31,7 @@ from rich.console import Console
 
 from framework.feasibility import Feasibility
 from framework.objective import evaluate_repeated, per_device
-from framework.placement import Bundle, bundles, fits, shape_of, why_unplaceable
+from framework.placement import Bundle, ask_another, bundles, fits, shape_of, why_unplaceable
 from framework.provenance import provenance
 from framework.report import Progress, print_summary
 from framework.rows import (
@@ -59,14 +60,6 @@ class ClusterLauncher(ServerLauncher, Protocol):
     def stop_all(self) -> None: ...
 
 
-# Trials allowed to wait for placement at once. One waiting trial makes a large shape block
-# the cluster while devices sit idle (head-of-line); a few let smaller trials backfill, while
-# the study still never runs far ahead of the cluster. While devices sit free that no waiting
-# trial can use, one more trial a tick is asked for, up to MAX_BACKFILL waiting: a smaller
-# shape may fill them. Measured in docs/BENCHMARKS.md.
-MAX_WAITING = 3
-MAX_BACKFILL = 8
-
 
 def _vllm_version() -> str:
     try:
@@ -93,7 +86,7 @@ class Runner:
                            screen_margin=(self.spec.search.screen_margin
                                           if self.spec.search.screen else None))
         self._lock = threading.Lock()
-        self._unplaced = 0
+        self._waiting: dict[int, int] = {}  # trial number -> devices, until placed
         self._stopper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stop")
         self._stops: list[Future] = []
         self._pool = ServerPool(self.spec.server.reuse, self._stop_later)
@@ -164,7 +157,7 @@ class Runner:
             if not released.is_set():
                 released.set()
                 with self._lock:
-                    self._unplaced -= 1
+                    self._waiting.pop(p.number, None)
 
         model = str(self.spec.model)
         if self.spec.server.dummy_weights:
@@ -219,14 +212,32 @@ class Runner:
         with self._lock:
             self._stops.append(self._stopper.submit(stop))
 
+    def _stops_running(self) -> list[Future]:
+        """The background stops still running; those that ended are reported and dropped."""
+        with self._lock:
+            ended = [f for f in self._stops if f.done()]
+            self._stops = [f for f in self._stops if f not in ended]
+            running = list(self._stops)
+        for fut in ended:
+            self._report_stop(fut)
+        return running
+
     def _join_stops(self) -> None:
         with self._lock:
             pending, self._stops = self._stops, []
         for fut in pending:
-            try:
-                fut.result(timeout=180)
-            except Exception as exc:  # noqa: BLE001 - reported; stop_all and the session reap
-                self.console.print(f"a background stop failed: {exc}")
+            self._report_stop(fut)
+
+    def _report_stop(self, fut: Future) -> None:
+        try:
+            fut.result(timeout=180)
+        except Exception as exc:  # noqa: BLE001 - reported; stop_all and the session reap
+            self.console.print(f"a background stop failed: {exc}")
+
+    def _may_ask(self) -> bool:
+        with self._lock:
+            waiting = list(self._waiting.values())
+        return ask_another(waiting, self.launcher.free_devices())
 
     def _flags(self, p: Proposal) -> dict:
         return trial_flags(self.spec.server.args, self.sweep.space.server_params(p.params),
@@ -321,17 +332,14 @@ class Runner:
                     progress.total = target
                     progress.note(f"confirmation runs: the {extra} best feasible "
                                   "configurations once more, on fresh servers")
-                backfill, parked = 1, self._pool.has_parked()
+                parked = self._pool.has_parked()
                 while len(running) < limit and done + len(running) < target:
                     if reuse_first and running and not parked and (
-                            self._unplaced > 0 or self.launcher.free_devices() < 1):
+                            self._waiting or self.launcher.free_devices() < 1):
                         break  # queue nothing ahead: a finishing server may serve the next
                     parked = False  # a parked server lets one trial be asked for it
-                    if self._unplaced >= MAX_WAITING:
-                        if not (backfill and self._unplaced < MAX_BACKFILL
-                                and self.launcher.free_devices() >= 1):
-                            break
-                        backfill -= 1
+                    if not self._may_ask():
+                        break
                     p = self.tuner.ask()
                     flags = self._flags(p)
                     wanted = bundles(shape_of(flags), spec.engine, spec.cluster.cpus_per_worker)
@@ -345,15 +353,17 @@ class Runner:
                         done += 1
                         continue
                     with self._lock:
-                        self._unplaced += 1
+                        self._waiting[p.number] = len(wanted)
                     # confirmation runs re-measure on fresh servers
                     reuse = None if p.confirm_of is not None else self._pool.take(self._key(flags))
                     log_path = reuse.log_path if reuse else self.store.log_path(p.number)
                     running[pool.submit(self._trial, p, flags, wanted, self._plan(plan, p),
                                         progress, feas, reuse)] = (p, flags, feas, log_path)
                 self._pool.stop_unclaimed()
-                finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
-                for fut in finished:
+                # a stop that releases a group wakes the loop: its devices may backfill
+                finished, _ = wait([*running, *self._stops_running()], timeout=1.0,
+                                   return_when=FIRST_COMPLETED)
+                for fut in (f for f in finished if f in running):
                     p, flags, feas, log_path = running.pop(fut)
                     outcome = fut.result()
                     row = self._record(p, flags, outcome, feas, log_path)

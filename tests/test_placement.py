@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.placement import Shape, bundles, fits, shape_of, why_unplaceable
+from framework.placement import Shape, ask_another, bundles, fits, shape_of, why_unplaceable
 
 
 @pytest.mark.parametrize("flags, shape", [
@@ -51,3 +51,17 @@ def test_fits_packs_largest_bundle_first():
 def test_why_unplaceable_names_the_shortfall():
     text = why_unplaceable(bundles(Shape(8, 8), "gpu", 1), [EIGHT_GPU_NODE] * 4)
     assert "GPU 64 needed, 32 in the cluster" in text and "64 bundles" in text
+
+
+@pytest.mark.parametrize("waiting, free, expected", [
+    ([], 0, True),                    # nothing waits: ask
+    ([32, 32], 0, True),              # fewer than MAX_WAITING wait: ask even on a full cluster
+    ([32, 16, 8], 0, False),          # MAX_WAITING wait and nothing is free
+    ([32, 16, 8], 4, True),           # 4 free devices none of them can use: backfill
+    ([32, 16, 4], 4, False),          # the 4-device trial will take them
+    ([32, 16, 8], 0.5, False),        # less than one device free
+    ([32] * 15, 8, True),             # still under MAX_BACKFILL
+    ([32] * 16, 8, False),            # MAX_BACKFILL wait: the study stops running ahead
+])
+def test_ask_another(waiting, free, expected):
+    assert ask_another(waiting, free, max_waiting=3, max_backfill=16) is expected
