@@ -32,9 +32,22 @@ def gpu_cluster(short_tmp):
         yield address, marker
 
 
+def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as disjoint sorted intervals."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def busy_fraction_while_queued(intervals: list[tuple[float, float]], queued: list[tuple[float, float]],
                                devices: int) -> float:
-    """Mean over queued time of (devices in use / devices), by sweeping interval endpoints."""
+    """Mean over queued time of (devices in use / devices), by sweeping interval endpoints.
+    Overlapping queued intervals count once each (time weighted by trials waiting); pass
+    merged(queued) for the time any trial waited."""
     total = busy = 0.0
     for q0, q1 in queued:
         cuts = sorted({q0, q1, *[t for iv in intervals for t in iv if q0 < t < q1]})
@@ -120,6 +133,22 @@ def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
     fraction = busy_fraction_while_queued(reserved, queued, NODES * GPUS_PER_NODE)
     print(f"\n(ending each trial's hold at the end of its load instead of at release: "
           f"{busy_fraction_while_queued(until_measured, queued, NODES * GPUS_PER_NODE):.1%})")
+    anyone = merged(queued)
+    print(f"(while any trial was queued, each moment counted once: "
+          f"{busy_fraction_while_queued(reserved, anyone, NODES * GPUS_PER_NODE):.1%} over "
+          f"{sum(b - a for a, b in anyone):.0f} s)")
     print(f"busy fraction while trials were queued: {fraction:.1%} over "
           f"{sum(b - a for a, b in queued):.0f} s of queueing; {len(placed)} trials placed")
     assert queued, "the cluster never filled up: the test did not exercise queueing"
+
+
+def test_busy_fraction_by_hand():
+    """2 devices; trial A holds one over [0, 10), B both over [10, 20); C waits over [5, 15)
+    and D over [12, 14): per waiting trial (5x0.5 + 5x1 + 2x1) / 12 = 0.792; at any waiting
+    moment (5x0.5 + 5x1) / 10 = 0.75."""
+    held = [(0.0, 10.0), (10.0, 20.0), (10.0, 20.0)]
+    queued = [(5.0, 15.0), (12.0, 14.0)]
+    assert busy_fraction_while_queued(held, queued, 2) == pytest.approx(9.5 / 12)
+    assert merged(queued) == [(5.0, 15.0)]
+    assert busy_fraction_while_queued(held, merged(queued), 2) == pytest.approx(0.75)
+    assert merged([(3.0, 4.0), (0.0, 1.0), (1.0, 2.0)]) == [(0.0, 2.0), (3.0, 4.0)]
