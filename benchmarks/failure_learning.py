@@ -15,7 +15,6 @@ trials among those after TPE's random start-up trials (those are the same for bo
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from record import ROOT, append_section
 SPACE = {"parameters": {
     "num-gpu-blocks-override": {"type": "categorical", "choices": [4, 8, 16, 32, 64, 128, 256, 512]},
     "max-num-seqs": {"type": "categorical", "choices": [4, 8, 16, 32, 64]}}}
@@ -86,12 +85,10 @@ def main() -> int:
     text = table.to_markdown(index=False) + "\n\n" + summary.to_markdown()
     print(text)
     if args.record:
-        with (ROOT / "docs" / "BENCHMARKS.md").open("a") as fh:
-            fh.write(f"\n## Learning from configuration failures, "
-                     f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
-                     f"Command: `.venv/bin/python benchmarks/failure_learning.py --engine "
-                     f"{args.engine} --seeds {args.seeds} --trials {args.trials} --record` "
-                     f"(engine {args.engine}; method in the script's docstring).\n\n{text}\n")
+        append_section("Learning from configuration failures",
+                       "Command: `.venv/bin/python benchmarks/failure_learning.py --engine "
+                       f"{args.engine} --seeds {args.seeds} --trials {args.trials} --record` "
+                       f"(engine {args.engine}; method in the script's docstring).", text)
     return 0
 
 

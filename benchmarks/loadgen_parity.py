@@ -46,10 +46,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from record import ROOT, append_section, uptime
+
 BIN = Path(sys.executable).parent
 MODEL = ROOT / "models" / "tiny-llama"
-DOC = ROOT / "docs" / "BENCHMARKS.md"
 SERVER_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CACHE_ROOT": str(ROOT / ".cache" / "vllm"),
@@ -298,10 +298,6 @@ def verdicts(vllm: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[str
     return out
 
 
-def load() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -313,7 +309,7 @@ def main() -> int:
     args = parser.parse_args()
     command = "benchmarks/loadgen_parity.py " + " ".join(sys.argv[1:])
     started = datetime.now(timezone.utc)
-    load_before = load()
+    load_before = uptime()
     results: dict[str, list[dict[str, Any]]] = {"vllm bench serve": [], "vllm-sweep bench": []}
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         out = Path(tmp)
@@ -337,15 +333,15 @@ def main() -> int:
             # the issue's estimate for vllm bench: whole - import-only; ours: as reported
             row["phase_issue_cpu_s"] = (row["whole_cpu_s"] - import_only if tool == "vllm"
                                         else row["phase_cpu_s"])
-    load_after = load()
-    section = [
-        f"## Load generator parity, {started:%Y-%m-%d %H:%M} UTC", "",
+    load_after = uptime()
+    preamble = (
         f"Command: `.venv/bin/python {command.strip()}` ({args.runs} alternating runs per "
         f"client; {args.num_prompts} random prompts, {args.input_len} in / {args.output_len} "
         f"out, --max-concurrency {args.max_concurrency}, --ignore-eos, temperature 0; one "
         "`vllm serve models/tiny-llama --enforce-eager --max-model-len 1024`, "
-        "VLLM_CPU_KVCACHE_SPACE=1). Values are medians over the runs.", "",
-        f"Machine load: before `{load_before}`; after `{load_after}`.", "",
+        "VLLM_CPU_KVCACHE_SPACE=1). Values are medians over the runs.\n\n"
+        f"Machine load: before `{load_before}`; after `{load_after}`.")
+    section = [
         *tables(results), "",
         f"Start-up only (median whole-process CPU-s): `vllm bench serve --help` "
         f"{startup['vllm']:.2f}, `python -c \"import vllm.benchmarks.serve\"` {import_only:.2f}, "
@@ -357,14 +353,9 @@ def main() -> int:
         "Targets:", "", *verdicts(results["vllm bench serve"], results["vllm-sweep bench"]), "",
     ]
     text = "\n".join(section)
-    print(text)
+    print(preamble + "\n\n" + text)
     if not args.no_doc:
-        if not DOC.exists():
-            DOC.write_text("# Benchmarks\n\nAppend-only: each section records the command that "
-                           "produced it, its date and the machine's load.\n\n")
-        with DOC.open("a") as doc:
-            doc.write(text + "\n")
-        print(f"appended to {DOC}")
+        append_section("Load generator parity", preamble, text, started)
     return 0
 
 

@@ -25,12 +25,9 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
-from search_efficiency import uptime
+from record import ROOT, append_section, uptime
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "BENCHMARKS.md"
 TEST = "tests/test_scheduling_scale.py::test_forty_mixed_trials_on_32_fake_gpus"
 PATTERNS = {
     "per_trial": r"busy fraction while trials were queued: ([\d.]+)% over (\d+) s",
@@ -91,12 +88,10 @@ def main() -> int:
     lines = table(runs)
     print("\n".join(lines))
     if not args.no_doc:
-        with DOC.open("a") as fh:
-            fh.write(f"\n## Scheduling at scale with fakes (busy fraction), "
-                     f"{started:%Y-%m-%d %H:%M} UTC\n\n"
-                     f"Command: `.venv/bin/python benchmarks/scheduling.py --runs {args.runs}`. "
-                     f"Load before: `{load_before}`. Method: see the docstring of "
-                     "benchmarks/scheduling.py.\n\n" + "\n".join(lines) + "\n")
+        append_section("Scheduling at scale with fakes (busy fraction)",
+                       f"Command: `.venv/bin/python benchmarks/scheduling.py --runs {args.runs}`. "
+                       f"Load before: `{load_before}`. Method: see the docstring of "
+                       "benchmarks/scheduling.py.", "\n".join(lines), started)
     return 0
 
 

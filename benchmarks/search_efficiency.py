@@ -52,10 +52,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from record import ROOT, append_section, uptime
+
 BIN = Path(sys.executable).parent
 MODEL = ROOT / "models" / "tiny-llama"
-DOC = ROOT / "docs" / "BENCHMARKS.md"
 SPACE = ROOT / "search_spaces" / "tiny_cpu_grid.yaml"
 PARAMS = ["param_max_num_seqs", "param_max_num_batched_tokens", "param_enable_prefix_caching"]
 GRID_SIZE = 16
@@ -258,10 +258,6 @@ def tables(runs: dict[str, list[dict[str, Any]]], gt: pd.DataFrame, target: floa
     return lines
 
 
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=("cpu", "fake"), default="cpu")
@@ -346,14 +342,12 @@ def main() -> int:
     if args.engine == "cpu" or args.record:
         engine = "CPU vLLM 0.32" if args.engine == "cpu" else "FakeEngine (no vLLM)"
         machine = f"{os.cpu_count()} cores, {engine}"
-        with DOC.open("a") as doc:
-            doc.write(f"\n## Search efficiency (issue 6), {started:%Y-%m-%d %H:%M} UTC\n\n"
-                      f"Command: `{command}`. Machine: {machine}. Load: before `{load_before}`; "
-                      f"after `{uptime()}`. Method: see the docstring of "
-                      "benchmarks/search_efficiency.py (feasible = in a majority of repeats; "
-                      "5% = best-so-far feasible single measurement >= 0.95 x the grid's best "
-                      f"feasible mean).\n\n{text}\n")
-        print(f"appended to {DOC}")
+        append_section("Search efficiency (issue 6)",
+                       f"Command: `{command}`. Machine: {machine}. Load: before `{load_before}`; "
+                       f"after `{uptime()}`. Method: see the docstring of "
+                       "benchmarks/search_efficiency.py (feasible = in a majority of repeats; "
+                       "5% = best-so-far feasible single measurement >= 0.95 x the grid's best "
+                       "feasible mean).", text, started)
     return 0
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from loadgen_parity import DOC, MODEL, VllmServer
+from loadgen_parity import MODEL, VllmServer
+from record import append_section, uptime
 
 STARTS = [  # (label, extra args, eager)
     ("A, first start (empty cache)", ("--max-num-seqs", "64"), False),
@@ -40,7 +40,7 @@ def main() -> int:
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
     cache = work / "vllm-cache"
-    load_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    load_before = uptime()
     started = datetime.now(timezone.utc)
     rows = []
     for i, (label, extra, eager) in enumerate(STARTS):
@@ -61,13 +61,10 @@ def main() -> int:
     text = "\n".join(lines)
     print("\n" + text)
     if not args.no_doc:
-        with DOC.open("a") as doc:
-            doc.write(f"\n## Start-up with the shared compile cache (issue 8), "
-                      f"{started:%Y-%m-%d %H:%M} UTC\n\nCommand: `.venv/bin/python "
-                      f"benchmarks/startup_cache.py`. Machine: {os.cpu_count()} cores, CPU vLLM "
-                      f"0.32, tiny model, --max-model-len 1024. Load before: `{load_before}`.\n\n"
-                      f"{text}\n")
-        print(f"appended to {DOC}")
+        append_section("Start-up with the shared compile cache (issue 8)",
+                       "Command: `.venv/bin/python benchmarks/startup_cache.py`. Machine: "
+                       f"{os.cpu_count()} cores, CPU vLLM 0.32, tiny model, --max-model-len 1024. "
+                       f"Load before: `{load_before}`.", text, started)
     return 0
 
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import pandas as pd
 
+from record import append_section
 from search_efficiency import (
-    DOC,
     SLA,
     fmt,
     ground_truth,
@@ -127,12 +127,10 @@ def main() -> int:
     text = "\n".join(lines)
     print("\n" + text)
     if not args.no_doc:
-        with DOC.open("a") as doc:
-            doc.write(f"\n## Sweep cost (issue 8), {started:%Y-%m-%d %H:%M} UTC\n\nCommand: "
-                      f"`{command}`. Machine: {os.cpu_count()} cores, CPU vLLM 0.32. Load: before "
-                      f"`{load_before}`; after `{uptime()}`. Method: see the docstring of "
-                      f"benchmarks/sweep_cost.py.\n\n{text}\n")
-        print(f"appended to {DOC}")
+        append_section("Sweep cost (issue 8)",
+                       f"Command: `{command}`. Machine: {os.cpu_count()} cores, CPU vLLM 0.32. "
+                       f"Load: before `{load_before}`; after `{uptime()}`. Method: see the "
+                       "docstring of benchmarks/sweep_cost.py.", text, started)
     return 0
 
 

@@ -18,12 +18,12 @@ Prints a table and, with --append, appends it with the date and command to the g
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+from record import append_section, uptime
 
 
 def overhead_table(trials: pd.DataFrame) -> pd.DataFrame:
@@ -69,12 +69,10 @@ def main() -> int:
     print(text)
     print(summary)
     if args.append:
-        load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-        with args.append.open("a") as fh:
-            fh.write(f"\n## Framework overhead per trial, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
-                     f"Command: `.venv/bin/python benchmarks/trial_overhead.py {args.sweep_dir}` "
-                     f"(rows of a finished sweep). Machine load after: `{load}`.\n\n"
-                     f"{text}\n\n{summary}\n")
+        append_section("Framework overhead per trial",
+                       f"Command: `.venv/bin/python benchmarks/trial_overhead.py {args.sweep_dir}` "
+                       f"(rows of a finished sweep). Machine load after: `{uptime()}`.",
+                       f"{text}\n\n{summary}", doc=args.append)
     return 0
 
 
