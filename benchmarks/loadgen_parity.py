@@ -46,7 +46,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from record import ROOT, append_section, uptime
+try:
+    from record import ROOT, append_section, uptime
+except ModuleNotFoundError:  # imported as benchmarks.loadgen_parity (tests/test_bench.py)
+    from benchmarks.record import ROOT, append_section, uptime
 
 BIN = Path(sys.executable).parent
 MODEL = ROOT / "models" / "tiny-llama"
