@@ -5,8 +5,11 @@
   count only where their condition holds.
 - Feasible share: the feasibility model applied to every configuration of a discrete space of
   at most ENUMERATE_LIMIT configurations, else to SAMPLE_SIZE random ones (seeded).
-- Wall time = trials x (start-up + warm-up + load + overhead) / trials side by side, each
-  phase taken from this sweep's finished trials when there are any, else from DEFAULTS_S.
+- Wall time = (server starts x start-up + trials x (warm-up + load + overhead)) / trials side
+  by side, each phase taken from this sweep's finished trials when there are any (start-up:
+  of the trials that started their own server), else from DEFAULTS_S. Server starts = trials,
+  or with server.reuse and discrete run settings in the space, trials / runs_per_server: every
+  started server is measured at each combination of the run settings.
 """
 
 from __future__ import annotations
@@ -125,33 +128,47 @@ def _kind(reason: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", head)[:140]
 
 
+def runs_per_server(space: SearchSpace) -> int:
+    """Trials one server serves under server.reuse: the number of combinations of the
+    space's run settings (kind: run), 1 if there are none or one is a float range."""
+    values = [_values(space.parameters[n]) for n in space.run_params]
+    return 1 if any(v is None for v in values) else math.prod(len(v) for v in values if v)
+
+
 @dataclass(frozen=True)
 class TimeEstimate:
     per_trial_s: dict[str, float]
     source: str
     trials: int
     side_by_side: int
+    starts: int  # servers started (fewer than trials when trials reuse servers)
 
     @property
     def total_s(self) -> float:
-        return self.trials * sum(self.per_trial_s.values()) / max(1, self.side_by_side)
+        per = self.per_trial_s
+        rest = sum(v for k, v in per.items() if k != "startup")
+        return (self.starts * per["startup"] + self.trials * rest) / max(1, self.side_by_side)
 
 
 def time_estimate(trials: pd.DataFrame, engine: str, n_trials: int,
-                  side_by_side: int) -> TimeEstimate:
+                  side_by_side: int, runs_per_server: int = 1) -> TimeEstimate:
     """Phase means of the finished trials of this sweep, else DEFAULTS_S for the engine."""
+    starts = math.ceil(n_trials / max(1, runs_per_server))
     base = dict(DEFAULTS_S[engine])
     done = trials[trials["state"] == "COMPLETE"] if not trials.empty else trials
     if done.empty:
-        return TimeEstimate(base, f"defaults for the {engine} engine", n_trials, side_by_side)
+        return TimeEstimate(base, f"defaults for the {engine} engine", n_trials, side_by_side,
+                            starts)
     def col(name: str) -> pd.Series:  # rows of older schemas may lack a column
         return done[name].astype(float) if name in done else pd.Series(0.0, index=done.index)
 
     warmup = col("warmup_s").fillna(0)
-    measured = {"startup": col("startup_s").mean(), "warmup": warmup.mean(),
+    fresh = (~done["server_reused"].fillna(False).astype(bool) if "server_reused" in done
+             else pd.Series(True, index=done.index))
+    measured = {"startup": col("startup_s")[fresh].mean(), "warmup": warmup.mean(),
                 "bench": col("bench_s").mean(),
                 "overhead": (col("trial_s") - col("startup_s") - warmup
                              - col("bench_s")).clip(lower=0).mean()}
     per = {k: float(v) if pd.notna(v) else base[k] for k, v in measured.items()}
     return TimeEstimate(per, f"means of this sweep's {len(done)} measured trials", n_trials,
-                        side_by_side)
+                        side_by_side, starts)

@@ -13,6 +13,7 @@ from framework.plan import (
     DEFAULTS_S,
     configurations,
     feasible_share,
+    runs_per_server,
     sample,
     space_size,
     time_estimate,
@@ -81,6 +82,30 @@ def test_time_estimate_from_history_or_defaults():
     assert est.total_s == pytest.approx(10 * 39.0 / 2)
     fresh = time_estimate(pd.DataFrame(), "gpu", n_trials=4, side_by_side=1)
     assert fresh.per_trial_s == DEFAULTS_S["gpu"] and "defaults" in fresh.source
+    assert fresh.starts == 4
+
+
+def test_time_estimate_with_server_reuse():
+    """Reused trials (start-up ~0) do not count in the start-up mean; 10 trials at 4 run
+    settings per server need ceil(10 / 4) = 3 starts: (3 x 25 + 10 x 14) / 1 s."""
+    history = rows(state=["COMPLETE"] * 3, startup_s=[20.0, 30.0, 0.1],
+                   server_reused=[False, False, True], warmup_s=[1.0, 1.0, 1.0],
+                   bench_s=[10.0, 10.0, 10.0], trial_s=[34.0, 44.0, 14.1])
+    est = time_estimate(history, "cpu", n_trials=10, side_by_side=1, runs_per_server=4)
+    assert est.per_trial_s["startup"] == pytest.approx(25.0)
+    assert est.starts == 3
+    assert est.total_s == pytest.approx(3 * 25.0 + 10 * 14.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("parameters, expected", [
+    ({"max-num-seqs": {"type": "categorical", "choices": [8, 16]}}, 1),
+    ({"max-num-seqs": {"type": "categorical", "choices": [8, 16]},
+      "max-concurrency": {"type": "categorical", "choices": [1, 2, 4], "kind": "run"},
+      "burstiness": {"type": "categorical", "choices": [0.5, 1.0], "kind": "run"}}, 6),
+    ({"request-rate": {"type": "float", "low": 1, "high": 8, "kind": "run"}}, 1),
+])
+def test_runs_per_server(parameters, expected):
+    assert runs_per_server(space(parameters)) == expected
 
 
 def test_plan_command_on_the_seeds_70b_sweep():
@@ -92,4 +117,4 @@ def test_plan_command_on_the_seeds_70b_sweep():
     assert lines[0] == "sweep llama70b-8xa100: 9 parameters, unbounded (float ranges)"
     assert "configurations pass" in lines[1] and "with 8 GPUs" in lines[1]
     assert any("TP N x PP N = N workers, but only N devices are available" in ln for ln in lines)
-    assert lines[-1].startswith("  time: 30 trials x (startup 180 s")
+    assert lines[-1].startswith("  time: (30 server starts x 180 s + 30 trials x (warmup 10 s")
