@@ -60,7 +60,6 @@ class ClusterLauncher(ServerLauncher, Protocol):
     def stop_all(self) -> None: ...
 
 
-
 def _vllm_version() -> str:
     try:
         return importlib.metadata.version("vllm")
@@ -149,7 +148,7 @@ class Runner:
 
     def _trial(self, p: Proposal, flags: dict, wanted: list[Bundle], plan: LoadPlan,
                progress: Progress, feas: Feasibility | None,
-               reuse: Reused | None) -> TrialOutcome:
+               reuse: Reused | None, log_path: Path) -> TrialOutcome:
         """Runs in a worker thread; releases its 'waiting for placement' slot exactly once."""
         released = threading.Event()
 
@@ -166,7 +165,7 @@ class Runner:
             progress.phase(p.number, f"note: {warning}")
         try:
             return run_trial(self.launcher, lambda host, port: server_argv(model, flags, host, port),
-                             plan, self.store.log_path(p.number), wanted,
+                             plan, log_path, wanted,
                              phase=lambda text: progress.phase(p.number, text), on_placed=placed,
                              stop_later=lambda server: self._pool.hand_over(p.number, server),
                              reuse=reuse, screen=lambda metrics: self._screen(p, flags, metrics))
@@ -317,7 +316,7 @@ class Runner:
         ttft_key = next((k for k in spec.sla if "ttft" in k), "p99_ttft_ms")
         tpot_key = next((k for k in spec.sla if "tpot" in k), "p99_tpot_ms")
         limit = spec.concurrent_trials or 256
-        running: dict[Future, tuple[Proposal, dict, Feasibility | None, Path]] = {}
+        running: dict[Future, tuple[Proposal, dict, Feasibility | None, Path, str]] = {}
         # run settings in the space: trials that differ only in them can share a server, which
         # asking ahead of the cluster would defeat (the next trial would already be waiting)
         reuse_first = spec.server.reuse and bool(self.sweep.space.run_params)
@@ -355,19 +354,21 @@ class Runner:
                     with self._lock:
                         self._waiting[p.number] = len(wanted)
                     # confirmation runs re-measure on fresh servers
-                    reuse = None if p.confirm_of is not None else self._pool.take(self._key(flags))
+                    key = self._key(flags)
+                    reuse = None if p.confirm_of is not None else self._pool.take(key)
                     log_path = reuse.log_path if reuse else self.store.log_path(p.number)
                     running[pool.submit(self._trial, p, flags, wanted, self._plan(plan, p),
-                                        progress, feas, reuse)] = (p, flags, feas, log_path)
+                                        progress, feas, reuse, log_path)] = (p, flags, feas,
+                                                                             log_path, key)
                 self._pool.stop_unclaimed()
                 # a stop that releases a group wakes the loop: its devices may backfill
                 finished, _ = wait([*running, *self._stops_running()], timeout=1.0,
                                    return_when=FIRST_COMPLETED)
                 for fut in (f for f in finished if f in running):
-                    p, flags, feas, log_path = running.pop(fut)
+                    p, flags, feas, log_path, key = running.pop(fut)
                     outcome = fut.result()
                     row = self._record(p, flags, outcome, feas, log_path)
-                    self._pool.settle(p.number, self._key(flags), outcome.argv, log_path)
+                    self._pool.settle(p.number, key, outcome.argv, log_path)
                     self._queue_siblings(p, outcome)
                     progress.trial_finished(row, ttft_key, tpot_key)
                     done += 1
@@ -378,7 +379,7 @@ class Runner:
         except BaseException:
             self.launcher.stop_all()
             self._join_stops()
-            for fut, (p, _, _, _) in running.items():
+            for fut, (p, *_) in running.items():
                 try:
                     fut.result(timeout=120)
                 except BaseException:  # noqa: BLE001 - the trial is recorded as interrupted

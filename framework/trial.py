@@ -153,8 +153,9 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     `stop_later`: after a successful measurement, hand the server to it instead of stopping
     it here (the caller stops it off the trial's critical path, or reuses it, and must stop
     it before it exits); failures always stop the server here, before reading its log.
-    `reuse`: measure on this ready server instead of launching one; its prefix cache is reset
-    first, so the trial starts as on a fresh server (minus vLLM's start-up).
+    `reuse`: measure on this ready server instead of launching one (`log_path` should then be
+    its `reuse.log_path`); its prefix cache is reset first, so the trial starts as on a fresh
+    server (minus vLLM's start-up).
     `screen`: with `plan.screen`, called with the screening run's metrics; a reason (str)
     ends the trial there as `fail_reason="pruned"` (metrics: the screen's; the server is
     handed to `stop_later` as after a full run), None lets the full run follow."""
@@ -178,7 +179,6 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             on_placed()
 
         if reuse is not None:
-            log_path = reuse.log_path
             phase(f"reusing the running server (pid {reuse.server.pid}), prefix cache reset")
             server = reuse.server
             argv.extend(reuse.argv)
