@@ -4,7 +4,8 @@ contract tests). Asserted from the per-device occupancy log that FakeEngine's pl
 workers write (and the launcher, when it releases a trial's group): no device double-booked,
 every rank inside its own trial's group, all trials end. Prints the busy fraction while trials
 were queued: devices held by placed groups (placement to release, start-up and teardown
-included) over all devices (docs/BENCHMARKS.md).
+included) over all devices, per waiting trial and at any waiting moment; benchmarks/scheduling.py
+reads those lines (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
