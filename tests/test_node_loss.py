@@ -95,12 +95,32 @@ def kill_node(cluster, node) -> None:
             pass
 
 
+def worker_ips(text: str) -> set[str]:
+    """Node IPs of the trial workers in an occupancy log; release events (no node) and a last
+    line still being written are skipped."""
+    ips = set()
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "node_ip" in event:
+            ips.add(event["node_ip"])
+    return ips
+
+
 def wait_for_trial_on(occupancy: Path, node_ip: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     """True once FakeEngine's occupancy log shows a trial worker on `node_ip`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        if occupancy.exists() and any(json.loads(line)["node_ip"] == node_ip
-                                      for line in occupancy.read_text().splitlines()):
+        if occupancy.exists() and node_ip in worker_ips(occupancy.read_text()):
             return True
         time.sleep(0.5)
     return False
+
+
+def test_worker_ips_skips_release_events_and_a_partial_line():
+    log = ('{"t": 1.0, "node_ip": "127.0.0.3", "bundle": 0}\n'
+           '{"t": 2.0, "group": "ab", "released": true}\n'
+           '{"t": 3.0, "node_ip": "127.0.0.2", "bun')
+    assert worker_ips(log) == {"127.0.0.3"}
