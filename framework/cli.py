@@ -156,7 +156,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     share = plan.feasible_share(configs, exhaustive, check)
     side = spec.concurrent_trials or args.side_by_side
     estimate = plan.time_estimate(trials, spec.engine, spec.search.n_trials, side,
-                                  plan.runs_per_server(space) if spec.server.reuse else 1)
+                                  plan.runs_per_server(space, spec.search.sampler)
+                                  if spec.server.reuse else 1)
     print(f"sweep {spec.name}: {len(space.parameters)} parameters, "
           f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}")
     if share is None:

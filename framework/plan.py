@@ -26,11 +26,11 @@ import pandas as pd
 
 from framework.feasibility import Feasibility
 from framework.search_space import (
-    BoolParam,
-    CategoricalParam,
+    SIBLING_VALUES,
     FloatParam,
     IntParam,
     SearchSpace,
+    discrete_values,
 )
 from framework.specs import Scalar
 
@@ -43,21 +43,12 @@ DEFAULTS_S = {"cpu": {"startup": 30.0, "warmup": 3.0, "bench": 10.0, "overhead":
               "fake": {"startup": 2.0, "warmup": 0.5, "bench": 5.0, "overhead": 2.0}}
 
 
-def _values(p) -> list[Scalar] | None:
-    if isinstance(p, BoolParam):
-        return [False, True]
-    if isinstance(p, CategoricalParam):
-        return list(p.choices)
-    if isinstance(p, IntParam):
-        return list(range(p.low, p.high + 1, p.step))
-    return None
-
-
 def configurations(space: SearchSpace) -> Iterator[dict[str, Scalar]]:
     """Every configuration of a discrete space, conditional parameters only where active."""
     names = list(space.parameters)
     seen: set[tuple] = set()
-    for combo in itertools.product(*(_values(space.parameters[n]) or [None] for n in names)):
+    values = [discrete_values(space.parameters[n]) or [None] for n in names]
+    for combo in itertools.product(*values):
         config: dict[str, Scalar] = {}
         for name, value in zip(names, combo):
             if space.active(name, config):
@@ -73,7 +64,7 @@ def space_size(space: SearchSpace) -> int | None:
     if any(isinstance(p, FloatParam) for p in space.parameters.values()):
         return None
     if not space.conditional:
-        return math.prod(len(_values(p) or ()) for p in space.parameters.values())
+        return math.prod(len(discrete_values(p) or ()) for p in space.parameters.values())
     return sum(1 for _ in configurations(space))
 
 
@@ -86,7 +77,7 @@ def sample(space: SearchSpace, n: int, seed: int) -> list[dict[str, Scalar]]:
         for name, p in space.parameters.items():
             if not space.active(name, config):
                 continue
-            values = _values(p)
+            values = discrete_values(p)
             if values is not None and not (isinstance(p, IntParam) and p.log):
                 config[name] = rng.choice(values)
             elif isinstance(p, IntParam):
@@ -128,11 +119,11 @@ def _kind(reason: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", head)[:140]
 
 
-def runs_per_server(space: SearchSpace) -> int:
-    """Trials one server serves under server.reuse: the number of combinations of the
-    space's run settings (kind: run), 1 if there are none or one is a float range."""
-    values = [_values(space.parameters[n]) for n in space.run_params]
-    return 1 if any(v is None for v in values) else math.prod(len(v) for v in values if v)
+def runs_per_server(space: SearchSpace, sampler: str) -> int:
+    """Trials one server serves under server.reuse: every combination of the run settings'
+    values, which the grid sampler walks server configuration by server configuration; TPE and
+    random reach them through SearchSpace.siblings, only for small discrete sets."""
+    return space.run_combinations(None if sampler == "grid" else SIBLING_VALUES)
 
 
 @dataclass(frozen=True)

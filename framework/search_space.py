@@ -111,12 +111,19 @@ def _can_take(param: _Param, value: Scalar) -> bool:
     return False
 
 
-def _discrete(param: _Param, max_values: int) -> list[Scalar] | None:
+# SearchSpace.siblings enumerates run settings of at most this many values each.
+SIBLING_VALUES = 16
+
+
+def discrete_values(param: _Param, max_values: int | None = None) -> list[Scalar] | None:
+    """Every value of a discrete parameter: both booleans, the choices, or each step of an int
+    range; None for a float range, or an int range of more than `max_values` steps."""
     if isinstance(param, BoolParam):
         return [False, True]
     if isinstance(param, CategoricalParam):
         return list(param.choices)
-    if isinstance(param, IntParam) and (param.high - param.low) // param.step < max_values:
+    if isinstance(param, IntParam) and (max_values is None
+                                        or (param.high - param.low) // param.step < max_values):
         return list(range(param.low, param.high + 1, param.step))
     return None
 
@@ -173,17 +180,24 @@ class SearchSpace(BaseModel):
         """The run settings in `params`, keyed by workload field (`max_concurrency`)."""
         return {RUN_SETTINGS[n]: v for n, v in params.items() if n in self.run_params}
 
-    def siblings(self, params: Mapping[str, Scalar], max_values: int = 16) -> list[dict[str, Scalar]]:
+    def siblings(self, params: Mapping[str, Scalar],
+                 max_values: int = SIBLING_VALUES) -> list[dict[str, Scalar]]:
         """`params` with its run settings set to every other combination of their values, for
         run parameters with a small discrete set of values (categorical, bool, int ranges of
         at most `max_values`); [] when there are none."""
         names = [n for n in self.run_params if n in params]
-        values = [_discrete(self.parameters[n], max_values) for n in names]
+        values = [discrete_values(self.parameters[n], max_values) for n in names]
         if not names or any(v is None for v in values):
             return []
         current = tuple(params[n] for n in names)
         return [{**params, **dict(zip(names, combo))}
                 for combo in itertools.product(*values) if combo != current]
+
+    def run_combinations(self, max_values: int | None = SIBLING_VALUES) -> int:
+        """How many combinations of values the run settings take (each discrete within
+        `max_values` values); 1 when there are none, or when one is not."""
+        values = [discrete_values(self.parameters[n], max_values) for n in self.run_params]
+        return 1 if any(v is None for v in values) else math.prod(len(v) for v in values if v)
 
     @property
     def conditional(self) -> bool:
@@ -226,15 +240,11 @@ def grid_values(space: SearchSpace, max_points: int = 4096) -> dict[str, list[Sc
         if p.when:
             raise ValueError(f"parameter {name!r} is conditional (when); the grid sampler needs "
                              "every parameter in every trial")
-        if isinstance(p, BoolParam):
-            grid[name] = [False, True]
-        elif isinstance(p, CategoricalParam):
-            grid[name] = list(p.choices)
-        elif isinstance(p, IntParam):
-            grid[name] = list(range(p.low, p.high + 1, p.step))
-        else:
+        values = discrete_values(p)
+        if values is None:
             raise ValueError(f"parameter {name!r} is a float range; the grid sampler needs a "
                              "categorical list of values")
+        grid[name] = values
     size = math.prod(len(values) for values in grid.values())
     if size > max_points:
         raise ValueError(f"the grid has {size} configurations (more than {max_points}); use "

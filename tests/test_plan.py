@@ -97,15 +97,19 @@ def test_time_estimate_with_server_reuse():
     assert est.total_s == pytest.approx(3 * 25.0 + 10 * 14.0, rel=1e-3)
 
 
-@pytest.mark.parametrize("parameters, expected", [
-    ({"max-num-seqs": {"type": "categorical", "choices": [8, 16]}}, 1),
+@pytest.mark.parametrize("parameters, sampler, expected", [
+    ({"max-num-seqs": {"type": "categorical", "choices": [8, 16]}}, "tpe", 1),
     ({"max-num-seqs": {"type": "categorical", "choices": [8, 16]},
       "max-concurrency": {"type": "categorical", "choices": [1, 2, 4], "kind": "run"},
-      "burstiness": {"type": "categorical", "choices": [0.5, 1.0], "kind": "run"}}, 6),
-    ({"request-rate": {"type": "float", "low": 1, "high": 8, "kind": "run"}}, 1),
+      "burstiness": {"type": "categorical", "choices": [0.5, 1.0], "kind": "run"}}, "tpe", 6),
+    ({"request-rate": {"type": "float", "low": 1, "high": 8, "kind": "run"}}, "random", 1),
+    # 40 values: the grid walks them all on one server; TPE's siblings skip so many
+    ({"max-concurrency": {"type": "int", "low": 1, "high": 40, "kind": "run"}}, "grid", 40),
+    ({"max-concurrency": {"type": "int", "low": 1, "high": 40, "kind": "run"}}, "tpe", 1),
+    ({"max-concurrency": {"type": "int", "low": 1, "high": 16, "kind": "run"}}, "tpe", 16),
 ])
-def test_runs_per_server(parameters, expected):
-    assert runs_per_server(space(parameters)) == expected
+def test_runs_per_server(parameters, sampler, expected):
+    assert runs_per_server(space(parameters), sampler) == expected
 
 
 def test_plan_command_on_the_seeds_70b_sweep():
