@@ -226,9 +226,14 @@ def fmt(x: float | int | None, spec: str = ".0f") -> str:
         else "-" if isinstance(x, float) and math.isnan(x) else format(x, spec)
 
 
-def med(results: list[dict[str, Any]], key: str, spec: str = ".0f") -> str:
+def median_inf(results: list[dict[str, Any]], key: str) -> float:
     """Median over runs of `key` (trials or seconds to 5%), a run never reaching it = +inf."""
-    return fmt(statistics.median([math.inf if r[key] is None else r[key] for r in results]), spec)
+    return statistics.median([math.inf if r[key] is None else r[key] for r in results])
+
+
+def med(results: list[dict[str, Any]], key: str, spec: str = ".0f") -> str:
+    """median_inf, formatted."""
+    return fmt(median_inf(results, key), spec)
 
 
 def tables(runs: dict[str, list[dict[str, Any]]], gt: pd.DataFrame, target: float) -> list[str]:

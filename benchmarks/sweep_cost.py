@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -44,6 +43,7 @@ from search_efficiency import (
     ground_truth,
     label,
     med,
+    median_inf,
     run_sweep,
     score,
     uptime,
@@ -109,8 +109,7 @@ def main() -> int:
             lines.append(f"| {variant} | {seed} | {fmt(r['reached'])} | {fmt(r['wall'])} | "
                          f"{r['span']:.0f} | {r['pruned']} | {label(r['pick'])} | "
                          f"{fmt(r['true'])} ({fmt(100 * r['true'] / target)}%) |")
-    walls = {v: statistics.median(math.inf if r["wall"] is None else r["wall"] for r in rs)
-             for v, rs in runs.items()}
+    walls = {v: median_inf(rs, "wall") for v, rs in runs.items()}
     lines += ["", "| | median wall s to 5% | runs reaching 5% | median whole sweep s | "
               "ratio to `vllm bench sweep serve` |", "| --- | ---: | ---: | ---: | ---: |"]
     for variant, results in runs.items():
