@@ -20,7 +20,7 @@ from framework.search_space import (
     grid_values,
     load_search_space,
 )
-from framework.specs import Scalar, SweepSpec, load_sweep
+from framework.specs import Scalar, SweepSpec, WorkloadSpec, load_sweep
 from framework.store import ResultStore
 from framework.capacity import CapacitySettings
 from framework.measure import CapacityPlan, LoadPlan
@@ -144,6 +144,9 @@ def server_env(spec: SweepSpec) -> dict[str, str]:
     return env
 
 
+SCREEN_SEED = 3000  # the screening run's requests and arrivals: workload seed + this
+
+
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
     `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs; in
@@ -166,14 +169,12 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
     except ValueError as exc:
         raise ConfigError(str(w.dataset_path or "workload"), "workload.dataset", w.dataset,
                           str(exc)) from None
-    arrivals = None if math.isinf(w.request_rate) else arrival_offsets(
-        w.num_prompts, w.request_rate, w.burstiness, w.seed)
+    arrivals = _arrivals(w, w.num_prompts, w.seed)
     screen, screen_arrivals = [], None
     if spec.search.screen is not None:
         n = math.ceil(spec.search.screen * w.num_prompts)
-        screen = dataset.requests(tok, n, w.seed + 3000)
-        screen_arrivals = None if arrivals is None else arrival_offsets(
-            n, w.request_rate, w.burstiness, w.seed + 3000)
+        screen = dataset.requests(tok, n, w.seed + SCREEN_SEED)
+        screen_arrivals = _arrivals(w, n, w.seed + SCREEN_SEED)
     capacity = None
     if spec.capacity is not None:
         c = spec.capacity
@@ -201,6 +202,13 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     screen=screen, screen_arrivals=screen_arrivals)
 
 
+def _arrivals(w: WorkloadSpec, n: int, seed: int) -> list[float] | None:
+    """Send offsets of n requests at the workload's request rate and burstiness (None:
+    unpaced, request rate inf)."""
+    rate = float(w.request_rate)
+    return None if math.isinf(rate) else arrival_offsets(n, rate, float(w.burstiness), seed)
+
+
 def with_run_settings(plan: LoadPlan, spec: SweepSpec, settings: Mapping[str, Scalar]) -> LoadPlan:
     """`plan` with a trial's run settings (workload field -> value, search_space.RUN_SETTINGS)
     in place of the workload's: concurrency, and the arrivals of its request rate and
@@ -209,11 +217,9 @@ def with_run_settings(plan: LoadPlan, spec: SweepSpec, settings: Mapping[str, Sc
         return plan
     w = spec.workload.model_copy(update=dict(settings))
     rate = float(w.request_rate)
-    arrivals = None if math.isinf(rate) else arrival_offsets(len(plan.measured), rate,
-                                                             float(w.burstiness), w.seed)
-    screen_arrivals = None if math.isinf(rate) or not plan.screen else arrival_offsets(
-        len(plan.screen), rate, float(w.burstiness), w.seed + 3000)
-    return replace(plan, max_concurrency=w.max_concurrency, arrivals=arrivals,
+    screen_arrivals = _arrivals(w, len(plan.screen), w.seed + SCREEN_SEED) if plan.screen else None
+    return replace(plan, max_concurrency=w.max_concurrency,
+                   arrivals=_arrivals(w, len(plan.measured), w.seed),
                    request_rate=None if math.isinf(rate) else rate,
                    screen_arrivals=screen_arrivals)
 
