@@ -1,12 +1,21 @@
-"""Pure parts of failure handling: refining a start-up failure, the whole-trial deadline."""
+"""Parts of failure handling without a server: refining a start-up failure, the whole-trial
+deadline, and the after-load health check (against a local HTTP stub of /health)."""
 
 from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from framework.engine import startup_failure
 from framework.errors import TrialError
 from framework.measure import Deadline
+from framework.trial import _check_still_serving
 
 KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (512), "
                 "(0.02 GiB KV cache is needed, which is larger than the available KV cache memory "
@@ -65,3 +74,68 @@ def test_no_deadline_never_expires():
     clock.now += 1e9
     deadline.check("under load")
     assert deadline.bound(240.0) == 240.0
+
+
+@contextmanager
+def health_stub(delay_s: float, status: int) -> Iterator[str]:
+    """A local server whose /health answers `status` after `delay_s`; yields its base URL."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(delay_s)
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@dataclass
+class StubHandle:
+    """The slice of trial.ServerHandle that the health check uses."""
+    base_url: str
+    alive: bool = True
+    ended_with: TrialError | None = None
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def failure(self) -> TrialError | None:
+        return None if self.alive else self.ended_with
+
+
+@pytest.mark.timeout(60)
+def test_a_live_server_slow_to_answer_health_is_not_called_dead():
+    with health_stub(delay_s=4.0, status=200) as url:  # slower than a single 3 s probe
+        _check_still_serving(StubHandle(url), grace_s=20.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_live_server_silent_for_the_whole_grace_died():
+    with health_stub(delay_s=0.0, status=503) as url:
+        t0 = time.monotonic()
+        with pytest.raises(TrialError) as err:
+            _check_still_serving(StubHandle(url), grace_s=2.0)
+    assert err.value.reason == "server_died"
+    assert "not answering /health for 2 s" in err.value.detail
+    assert time.monotonic() - t0 >= 2.0
+
+
+@pytest.mark.timeout(60)
+def test_an_ended_actor_raises_its_own_failure_at_once():
+    with health_stub(delay_s=0.0, status=503) as url:
+        handle = StubHandle(url, alive=False, ended_with=TrialError("node_lost", "node 127.0.0.3 died"))
+        t0 = time.monotonic()
+        with pytest.raises(TrialError) as err:
+            _check_still_serving(handle, grace_s=30.0)
+    assert (err.value.reason, err.value.detail) == ("node_lost", "node 127.0.0.3 died")
+    assert time.monotonic() - t0 < 5.0
