@@ -233,6 +233,24 @@ class RayServer:
         return left
 
 
+def claim_port(claimed: set[tuple[str, int]], lock: threading.Lock,
+               pick: Callable[[list[int]], dict], attempts: int = 5) -> dict:
+    """Claim `(info["node_id"], info["port"])` in `claimed` for `info = pick(taken)`.
+
+    Launches run concurrently and a pick cannot see a port that another launch picked but has
+    not claimed yet, so the check and the claim are one step under `lock`; a port already
+    claimed on that node is picked again (same port on another node is fine)."""
+    for _ in range(attempts):
+        with lock:
+            taken = [port for _, port in claimed]
+        info = pick(taken)
+        with lock:
+            if (key := (info["node_id"], info["port"])) not in claimed:
+                claimed.add(key)
+                return info
+    raise TrialError("startup_crash", f"no free port on node {info['node_ip']} in {attempts} picks")
+
+
 def _bundle_nodes(group: PlacementGroup) -> tuple[str, ...]:
     """Node IP of each bundle, in bundle order (Ray does not order bundles by node)."""
     table = placement_group_table(group)
@@ -315,11 +333,8 @@ class RayLauncher:
             num_cpus=wanted[0].get("CPU", 0), scheduling_strategy=strategy,
             runtime_env={"env_vars": self._env_for(wanted)}).remote()
         try:
-            with self._lock:
-                taken = [port for _, port in self._ports]
-            info = ray.get(actor.prepare.remote(self.host, taken), timeout=300)
-            with self._lock:
-                self._ports.add((info["node_id"], info["port"]))
+            info = claim_port(self._ports, self._lock, lambda taken: ray.get(
+                actor.prepare.remote(self.host, taken), timeout=300))
             placement = _bundle_nodes(group)
         except BaseException:
             ray.kill(actor, no_restart=True)

@@ -1,0 +1,75 @@
+"""Claiming a server port when launches race (cluster.claim_port; pure, no Ray)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from framework.cluster import claim_port
+from framework.errors import TrialError
+
+
+def picks(*ports: tuple[str, int]):
+    """A `pick` returning these (node, port) in turn and recording the `taken` it was given."""
+    seen: list[list[int]] = []
+    queue = list(ports)
+
+    def pick(taken: list[int]) -> dict:
+        seen.append(sorted(taken))
+        node, port = queue.pop(0)
+        return {"node_id": node, "node_ip": f"ip-{node}", "port": port}
+    return pick, seen
+
+
+def test_a_port_claimed_meanwhile_on_the_same_node_is_picked_again():
+    # another launch claimed n1:5000 after this launch's pick had started, blind to it
+    claimed = {("n1", 5000)}
+    pick, seen = picks(("n1", 5000), ("n1", 5001))
+    info = claim_port(claimed, threading.Lock(), pick)
+    assert info["port"] == 5001
+    assert claimed == {("n1", 5000), ("n1", 5001)}
+    assert seen == [[5000], [5000]]
+
+
+def test_the_same_port_on_another_node_is_claimed():
+    claimed = {("n1", 5000)}
+    pick, _ = picks(("n2", 5000))
+    assert claim_port(claimed, threading.Lock(), pick)["port"] == 5000
+    assert claimed == {("n1", 5000), ("n2", 5000)}
+
+
+def test_no_free_port_after_every_attempt_is_a_trial_error():
+    claimed = {("n1", 5000)}
+    pick, seen = picks(*[("n1", 5000)] * 3)
+    with pytest.raises(TrialError) as err:
+        claim_port(claimed, threading.Lock(), pick, attempts=3)
+    assert (err.value.reason, err.value.detail) == ("startup_crash", "no free port on node ip-n1 in 3 picks")
+    assert len(seen) == 3 and claimed == {("n1", 5000)}
+
+
+def test_racing_launches_never_share_a_port():
+    """Eight threads whose picks all overlap and all first return the same port: one claims
+    it, the others pick again (each thread's second pick is its own)."""
+    claimed: set[tuple[str, int]] = set()
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+    got: list[int] = []
+
+    def launch(i: int) -> None:
+        calls = iter([5000, 6000 + i])
+
+        def pick(taken: list[int]) -> dict:
+            port = next(calls)
+            if port == 5000:
+                barrier.wait(timeout=10)  # every launch has picked before any claims
+            return {"node_id": "n1", "node_ip": "ip-n1", "port": port}
+        got.append(claim_port(claimed, lock, pick)["port"])
+
+    threads = [threading.Thread(target=launch, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert len(got) == 8 and len(set(got)) == 8 and got.count(5000) == 1
+    assert claimed == {("n1", p) for p in got}
