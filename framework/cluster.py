@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import threading
@@ -36,6 +35,7 @@ from ray.util.scheduling_strategies import (
 from framework import engine, fake_engine
 from framework.errors import ClusterError, TrialError
 from framework.placement import Bundle
+from framework.ports import claim_port, pick_port
 from framework.session import SESSION_VAR, reap_session
 from framework.vllm_plugin import ENV_FLAG
 
@@ -55,13 +55,7 @@ class ServerActor:
     def prepare(self, host: str, taken: list[int]) -> dict:
         """Pick a free port on this node that no other running trial holds."""
         node_ip = ray.util.get_node_ip_address()
-        bind_host = node_ip if host == "node" else host
-        for _ in range(100):
-            with socket.socket() as sock:
-                sock.bind((bind_host, 0))
-                port = sock.getsockname()[1]
-            if port not in taken:
-                break
+        port = pick_port(node_ip if host == "node" else host, taken)
         return {"pid": os.getpid(), "port": port, "node_ip": node_ip,
                 "node_id": ray.get_runtime_context().get_node_id()}
 
@@ -231,24 +225,6 @@ class RayServer:
         remove_placement_group(self.group)
         self._on_stop(self)
         return left
-
-
-def claim_port(claimed: set[tuple[str, int]], lock: threading.Lock,
-               pick: Callable[[list[int]], dict], attempts: int = 5) -> dict:
-    """Claim `(info["node_id"], info["port"])` in `claimed` for `info = pick(taken)`.
-
-    Launches run concurrently and a pick cannot see a port that another launch picked but has
-    not claimed yet, so the check and the claim are one step under `lock`; a port already
-    claimed on that node is picked again (same port on another node is fine)."""
-    for _ in range(attempts):
-        with lock:
-            taken = [port for _, port in claimed]
-        info = pick(taken)
-        with lock:
-            if (key := (info["node_id"], info["port"])) not in claimed:
-                claimed.add(key)
-                return info
-    raise TrialError("startup_crash", f"no free port on node {info['node_ip']} in {attempts} picks")
 
 
 def _bundle_nodes(group: PlacementGroup) -> tuple[str, ...]:

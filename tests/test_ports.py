@@ -1,13 +1,49 @@
-"""Claiming a server port when launches race (cluster.claim_port; pure, no Ray)."""
+"""Server ports: picking one outside the kernel's ephemeral range (ports.pick_port, on real
+sockets) and claiming it when launches race (ports.claim_port; no Ray)."""
 
 from __future__ import annotations
 
+import socket
 import threading
+from contextlib import ExitStack
 
 import pytest
 
-from framework.cluster import claim_port
 from framework.errors import TrialError
+from framework.ports import DEFAULT_EPHEMERAL, claim_port, ephemeral_range, pick_port
+
+HOST = "127.0.0.9"  # a loopback address no other test binds on
+BASE = 23450  # outside the default ephemeral range
+
+
+def held(stack: ExitStack, *ports: int) -> None:
+    """Listen on these ports of HOST until the stack closes (a running server's hold)."""
+    for port in ports:
+        sock = stack.enter_context(socket.socket())
+        sock.bind((HOST, port))
+        sock.listen()
+
+
+def test_ephemeral_range_read_from_the_kernel_file(tmp_path):
+    (tmp_path / "range").write_text("1024\t65000\n")
+    assert ephemeral_range(tmp_path / "range") == (1024, 65000)
+    assert ephemeral_range(tmp_path / "missing") == DEFAULT_EPHEMERAL
+
+
+def test_pick_skips_the_ephemeral_range_taken_ports_and_ports_in_use():
+    with ExitStack() as stack:
+        held(stack, BASE + 7, BASE + 8)
+        picks = {pick_port(HOST, taken={BASE + 5, BASE + 6}, ports=range(BASE, BASE + 10),
+                           ephemeral=(BASE, BASE + 4)) for _ in range(20)}
+    assert picks == {BASE + 9}
+
+
+def test_pick_falls_back_to_a_kernel_port_when_the_range_is_busy():
+    with ExitStack() as stack:
+        held(stack, BASE, BASE + 1)
+        port = pick_port(HOST, taken=[], ports=range(BASE, BASE + 2), ephemeral=DEFAULT_EPHEMERAL)
+    low, high = ephemeral_range()
+    assert low <= port <= high
 
 
 def picks(*ports: tuple[str, int]):
