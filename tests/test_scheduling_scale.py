@@ -98,9 +98,10 @@ def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
     assert trials[never_fit]["placement"].map(len).eq(0).all()  # never launched
     placed = trials[~never_fit]
     not_complete = placed[placed["state"] != "COMPLETE"]
-    assert not_complete.empty, not_complete[
+    # a str: pytest cuts a non-str assertion message to 240 characters
+    assert not_complete.empty, "\n".join(json.dumps(r, default=str) for r in not_complete[
         ["trial_number", "state", "fail_reason", "fail_detail", "placement_wait_s", "startup_s",
-         "trial_s", "log_tail"]].to_dict("records")
+         "trial_s", "log_tail"]].to_dict("records"))
     assert len(set(shapes[~never_fit])) >= 3, "the sweep should mix several shapes"
 
     events = [json.loads(line) for line in occupancy.read_text().splitlines()]
