@@ -35,7 +35,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ try:
     from record import ROOT, append_section, uptime
 except ModuleNotFoundError:  # imported as benchmarks.loadgen_parity (tests/test_bench.py)
     from benchmarks.record import ROOT, append_section, uptime
+from framework.ports import pick_port
 
 BIN = Path(sys.executable).parent
 MODEL = ROOT / "models" / "tiny-llama"
@@ -76,11 +76,6 @@ main()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 class VllmServer:
     """`vllm serve MODEL --enforce-eager --max-model-len 1024 [extra]` on a free local port, in
@@ -90,7 +85,7 @@ class VllmServer:
     def __init__(self, model: Path, log_path: Path, extra_args: tuple[str, ...] = (),
                  startup_timeout_s: float = 300.0, eager: bool = True,
                  env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+        self.port = pick_port("127.0.0.1", [])
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.argv = [str(BIN / "vllm"), "serve", str(model), *(["--enforce-eager"] * eager),
                      "--max-model-len", "1024", "--host", "127.0.0.1", "--port", str(self.port),

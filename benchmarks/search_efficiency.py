@@ -39,7 +39,6 @@ import itertools
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from framework.ports import pick_port
 from record import ROOT, append_section, uptime
 
 BIN = Path(sys.executable).parent
@@ -117,11 +117,6 @@ def run_sweep(args: argparse.Namespace, name: str, sampler: str, seed: int, n: i
     return rows
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Phase 3: `vllm bench sweep serve` over the grid; its wall time, runs and pick."""
@@ -136,7 +131,7 @@ def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     out = args.workdir / "vllm-sweep"
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps(combos))
-    port, sla = free_port(), SLA["cpu"]
+    port, sla = pick_port("127.0.0.1", []), SLA["cpu"]
     serve = (f"{BIN / 'vllm'} serve {MODEL} --host 127.0.0.1 --port {port} --enforce-eager "
              "--max-model-len 512")
     bench = (f"{BIN / 'vllm'} bench serve --backend vllm --model {MODEL} "
