@@ -20,6 +20,7 @@ import pytest
 
 from framework.errors import TrialError
 from framework.loadgen import run_load, wait_ready
+from framework.ports import pick_port
 from framework.server_metrics import PREFIX_HITS, fetch_text, parse_metrics
 from framework.trial import reset_prefix_cache
 from framework.workload import RequestSpec
@@ -28,17 +29,11 @@ ENGINES = ["framework.engine", "framework.fake_engine"]
 API_KEY = "contract-test-key"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("module", ENGINES)
 @pytest.mark.parametrize("bad", [["--no-such-flag", "1"], ["--max-num-seqs", "many"]])
 def test_bad_flags_are_invalid_args_before_listening(module, bad, tiny_model):
     serve = importlib.import_module(module).serve
-    port = free_port()
+    port = pick_port("127.0.0.1", [])
     with pytest.raises(TrialError) as err:
         serve(["--model", str(tiny_model), "--port", str(port), *bad])
     assert err.value.reason == "invalid_args"
@@ -48,7 +43,7 @@ def test_bad_flags_are_invalid_args_before_listening(module, bad, tiny_model):
 
 @pytest.fixture(params=ENGINES)
 def running_engine(request, tiny_model, tmp_path):
-    port = free_port()
+    port = pick_port("127.0.0.1", [])
     argv = ["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
             "--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager"]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", FAKE_ENGINE_STARTUP_S="0.2",

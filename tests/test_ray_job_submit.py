@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import psutil
 import pytest
 import yaml
 
+from framework.ports import pick_port
 from tests.conftest import ROOT, cli_env, new_marker, wait_no_marked_processes
 
 pytestmark = pytest.mark.server
@@ -43,10 +43,13 @@ print("ALIVE", sum(1 for n in ray.nodes() if n["Alive"]), flush=True)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """n distinct ports outside the kernel's ephemeral range (ports.pick_port), so the Ray
+    processes' own port-0 binds cannot take them before `ray start` binds them."""
+    ports: list[int] = []
+    for _ in range(n):
+        ports.append(pick_port("127.0.0.1", ports))
+    return ports
 
 
 def node_env(marker: str, tmp: Path) -> dict[str, str]:
@@ -202,7 +205,7 @@ def job_logs(dashboard: str, job_id: str) -> str:
 def test_ray_job_submit_runs_a_sweep_on_a_two_node_cluster(tiny_model, short_tmp):
     marker = new_marker()
     env = node_env(marker, short_tmp)
-    gcs_port, dash_port = free_port(), free_port()
+    gcs_port, dash_port, agent_port, client_port, worker_agent_port = free_ports(5)
     gcs = f"127.0.0.1:{gcs_port}"
     dashboard = f"http://127.0.0.1:{dash_port}"
     (short_tmp / "h").mkdir()
@@ -212,11 +215,11 @@ def test_ray_job_submit_runs_a_sweep_on_a_two_node_cluster(tiny_model, short_tmp
                  "--temp-dir", str(short_tmp / "h"), "--num-cpus", "2",
                  "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
                  "--dashboard-port", str(dash_port),
-                 "--dashboard-agent-listen-port", str(free_port()),
-                 "--ray-client-server-port", str(free_port())]
+                 "--dashboard-agent-listen-port", str(agent_port),
+                 "--ray-client-server-port", str(client_port)]
     worker_argv = [RAY, "start", "--block", "--address", gcs,
                    "--node-ip-address", "127.0.0.2", "--temp-dir", str(short_tmp / "w"),
-                   "--num-cpus", "1", "--dashboard-agent-listen-port", str(free_port())]
+                   "--num-cpus", "1", "--dashboard-agent-listen-port", str(worker_agent_port)]
     nodes: list[subprocess.Popen] = []
     node_logs = [(short_tmp / "head.out").open("w"), (short_tmp / "worker.out").open("w")]
     job_dir = short_tmp / "job"
