@@ -76,7 +76,6 @@ main()
 """
 
 
-
 class VllmServer:
     """`vllm serve MODEL --enforce-eager --max-model-len 1024 [extra]` on a free local port, in
     its own session; a context manager that waits for /health and always stops the server.

@@ -117,7 +117,6 @@ def run_sweep(args: argparse.Namespace, name: str, sampler: str, seed: int, n: i
     return rows
 
 
-
 def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Phase 3: `vllm bench sweep serve` over the grid; its wall time, runs and pick."""
     sys.path.insert(0, str(ROOT))
