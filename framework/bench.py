@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -297,7 +298,9 @@ def result_path(args: argparse.Namespace, backend: str, date: str) -> Path | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one benchmark; 0 if any request succeeded, 1 if all failed (ConfigError: bad flags)."""
+    """Run one benchmark; 0 if any request succeeded, 1 if all failed (ConfigError: bad flags).
+    Requests carry `Authorization: Bearer $OPENAI_API_KEY` when that is set, as vllm bench's
+    do (vllm/benchmarks/lib/endpoint_request_func.py, _get_headers)."""
     import asyncio
 
     from framework import __version__
@@ -333,7 +336,8 @@ def run(args: argparse.Namespace) -> int:
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     model = args.served_model_name or args.model
     common = dict(max_concurrency=args.max_concurrency, timeout_s=args.request_timeout_s,
-                  endpoint=endpoint, ignore_eos=args.ignore_eos or dataset.name != "sharegpt")
+                  endpoint=endpoint, ignore_eos=args.ignore_eos or dataset.name != "sharegpt",
+                  api_key=os.environ.get("OPENAI_API_KEY") or None)
 
     async def bench() -> tuple[LoadResult, float]:
         if args.ready_check_timeout_sec > 0 and not await wait_ready(

@@ -17,7 +17,6 @@ httptools (llhttp, the parser uvicorn uses); this module only adapts it.
 from __future__ import annotations
 
 import asyncio
-import os
 import urllib.parse
 from collections.abc import Callable
 
@@ -209,7 +208,8 @@ class Connection(asyncio.Protocol):
 class ConnectionPool:
     """Keep-alive connections to one server (``http`` or ``https`` base URL, optional path
     prefix); idle connections are reused, one exchange per connection at a time. Requests
-    carry ``Authorization: Bearer <api_key>`` (default: $OPENAI_API_KEY, as vLLM bench)."""
+    carry ``Authorization: Bearer <api_key>`` only when a non-empty ``api_key`` is given: no
+    credential is ever taken from the environment."""
 
     def __init__(self, base_url: str, api_key: str | None = None) -> None:
         url = urllib.parse.urlsplit(base_url)
@@ -221,9 +221,8 @@ class ConnectionPool:
         self.prefix = url.path.rstrip("/")
         self.headers = (f"Host: {url.netloc}\r\nUser-Agent: vllm-sweep\r\n"
                         "Accept: text/event-stream\r\n")
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        if key:
-            self.headers += f"Authorization: Bearer {key}\r\n"
+        if api_key:
+            self.headers += f"Authorization: Bearer {api_key}\r\n"
         self._idle: list[Connection] = []
 
     def request(self, path: str, body: bytes) -> bytes:

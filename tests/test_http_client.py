@@ -1,10 +1,15 @@
-"""ResponseReader (httptools-based HTTP/1.1 response framing), fed in arbitrary pieces."""
+"""ResponseReader (httptools-based HTTP/1.1 response framing), fed in arbitrary pieces; the
+credential a ConnectionPool sends, seen by a real server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from framework.http_client import HTTPError, ResponseReader
+from framework.http_client import ConnectionPool, HTTPError, ResponseReader
+from framework.loadgen import run_load
+from framework.workload import RequestSpec
 
 
 def pieces(data: bytes, cut: int) -> list[bytes]:
@@ -92,3 +97,55 @@ def test_response_reader_rejects_an_endless_head() -> None:
     with pytest.raises(HTTPError, match="longer than"):
         for _ in range(ResponseReader.MAX_HEAD // 1000 + 2):
             reader.feed(b"X-Filler: " + b"a" * 988 + b"\r\n")
+
+
+async def _headers_sent(api_key: str | None, via_run_load: bool) -> list[dict[str, str]]:
+    """Start a server on 127.0.0.1 that records each request's headers and answers 200; send
+    one request to it (through ConnectionPool, or run_load as a sweep does) and return what
+    it recorded."""
+    seen: list[dict[str, str]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")[1:]
+        pairs = (line.partition(":") for line in lines if line)
+        headers = {name.strip().lower(): value.strip() for name, _, value in pairs}
+        await reader.readexactly(int(headers.get("content-length", "0")))
+        seen.append(headers)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    base_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        if via_run_load:
+            await run_load(base_url, "m", [RequestSpec("hi", 1, 1)], timeout_s=10,
+                           api_key=api_key)
+        else:
+            pool = ConnectionPool(base_url, api_key)
+            conn = await pool.get()
+            body = bytearray()
+            reader = await asyncio.wait_for(
+                conn.exchange(pool.request("/v1/completions", b"{}"), body.extend), 10)
+            assert (reader.status, bytes(body)) == (200, b"ok")
+            pool.put(conn, reuse=False)
+    finally:
+        server.close()
+        await server.wait_closed()
+    return seen
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("via_run_load", [False, True], ids=["pool", "run_load"])
+@pytest.mark.parametrize(("api_key", "sent"), [
+    (None, None), ("", None), ("sk-given", "Bearer sk-given")])
+def test_only_a_given_api_key_is_sent_never_the_environments(
+        monkeypatch: pytest.MonkeyPatch, api_key: str | None, sent: str | None,
+        via_run_load: bool) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-driver-env")
+    monkeypatch.setenv("VLLM_API_KEY", "sk-driver-vllm")
+    seen = asyncio.run(_headers_sent(api_key, via_run_load))
+    assert len(seen) == 1
+    assert seen[0].get("authorization") == sent
+    assert "sk-driver" not in repr(seen)
