@@ -27,6 +27,21 @@ THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_th
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+HIDDEN = "<hidden>"  # shown in place of a secret's value
+
+
+class SecretInSweep(ValueError):
+    """An API key written in a sweep file at `name` (under its section); its value is never
+    shown."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__("an API key does not belong in the sweep file: it would be recorded "
+                         "with the servers' flags and environment (trial rows, report, Ray's "
+                         "tables); put it in an environment variable of the driver and name "
+                         "that variable in server.api_key_env")
+
+
 def is_latency_metric(key: str) -> bool:
     """True for keys like p99_ttft_ms, mean_tpot_ms, p99.9_itl_ms (percentile in (0, 100])."""
     match = _LATENCY_KEY.match(key)
@@ -45,7 +60,8 @@ class ServerSpec(_Spec):
 
     `api_key_env`: the name of an environment variable of the driver holding an API key;
     servers require it (vLLM's VLLM_API_KEY) and the load generator sends it. The key is
-    never written to results, logs or reports. `dummy_weights`: servers start with
+    never written to results, logs or reports; an `api-key` flag in `args` or VLLM_API_KEY
+    in `env` is rejected (it would be). `dummy_weights`: servers start with
     `--load-format dummy` (random weights: no weight loading, same speed as the real ones,
     meaningless text; vLLM's auto_tune does the same), recorded per trial; `serve_command`
     and `best` leave the flag out.
@@ -76,6 +92,18 @@ class ServerSpec(_Spec):
             raise ValueError("name an environment variable (letters, digits, '_'); the key "
                              "itself never goes in the sweep file")
         return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_api_key(cls, data: Any) -> Any:
+        """The flag `api-key` (`--api-key`, `api_key`) in args, or VLLM_API_KEY in env, is
+        SecretInSweep, checked before any other rule so that no error shows its value."""
+        for field, secret in (("args", "api-key"), ("env", "vllm-api-key")):
+            entries = data.get(field) if isinstance(data, dict) else None
+            for name in entries if isinstance(entries, dict) else ():
+                if str(name).lstrip("-").replace("_", "-").lower() == secret:
+                    raise SecretInSweep(f"{field}.{name}")
+        return data
 
     @field_validator("args")
     @classmethod
@@ -387,9 +415,14 @@ class SweepSpec(_Spec):
 
 
 def first_error(exc: ValidationError) -> tuple[str, Any, str]:
+    """The first error as (dotted key, value, reason); a SecretInSweep's key names the
+    entry and its value is HIDDEN."""
     err = exc.errors()[0]
     key = ".".join(str(p) for p in err["loc"]) or "(top level)"
     msg = err["msg"].removeprefix("Value error, ")
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, SecretInSweep):
+        return f"{key}.{cause.name}", HIDDEN, msg
     return key, err.get("input"), msg
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -11,9 +15,10 @@ import pytest
 from tests.conftest import ROOT
 
 
-def vllm_sweep(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def vllm_sweep(*args: str, cwd: Path = ROOT,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "framework.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_validate_accepts_the_quickstart(tiny_model):
@@ -65,3 +70,63 @@ def test_bad_input_leaves_existing_results_untouched(tmp_path, tiny_model):
     assert res.returncode == 2, res.stderr
     assert "parameters.tensor-parallel-size" in res.stderr and "3" in res.stderr
     assert sorted((p.name, p.stat().st_mtime_ns) for p in results.rglob("*")) == before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("server, key", [
+    ("{args: {api-key: sk-cli-secret}}", "server.args.api-key"),
+    ("{env: {VLLM_API_KEY: sk-cli-secret}}", "server.env.VLLM_API_KEY"),
+])
+def test_validate_rejects_an_api_key_in_the_sweep_file_in_one_line(tmp_path, tiny_model, server,
+                                                                   key):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: models/tiny-llama\nsearch_space: search_spaces/tiny_cpu.yaml\n"
+                   f"server: {server}\n")
+    res = vllm_sweep("validate", str(bad))
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"error: {bad}: {key}: '<hidden>': an API key does not belong")
+    assert lines[0].endswith("server.api_key_env")
+    assert "sk-cli-secret" not in res.stdout + res.stderr
+
+
+@pytest.fixture
+def header_server() -> Iterator[tuple[str, list[str | None]]]:
+    """A server on 127.0.0.1 recording each POST's Authorization header (None: absent); it
+    answers 404, so the requests fail, which is enough to see what was sent."""
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("openai_key, sent", [("sk-bench", "Bearer sk-bench"), (None, None)])
+def test_bench_sends_openai_api_key_as_vllm_bench_does(tmp_path, tiny_model, header_server,
+                                                       openai_key, sent):
+    base_url, seen = header_server
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    if openai_key:
+        env["OPENAI_API_KEY"] = openai_key
+    res = vllm_sweep("bench", "--base-url", base_url, "--model", str(tiny_model),
+                     "--num-prompts", "2", "--random-input-len", "8", "--random-output-len", "2",
+                     cwd=tmp_path, env=env)
+    assert res.returncode == 1, (res.stdout, res.stderr)  # every request got 404
+    assert seen == [sent, sent]

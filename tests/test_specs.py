@@ -241,3 +241,35 @@ def test_is_latency_metric(key, expected):
 def test_effective_startup_trials(n_trials, startup_trials, expected):
     spec = SearchSpec(n_trials=n_trials, startup_trials=startup_trials)
     assert spec.effective_startup_trials == expected
+
+
+SECRET = "sk-not-for-files-12345"
+
+
+@pytest.mark.parametrize(("server", "key"), [
+    ("{args: {api-key: %s}}", "server.args.api-key"),
+    ("{args: {api_key: %s}}", "server.args.api_key"),
+    ("{args: {--api-key: %s}}", "server.args.--api-key"),
+    ("{args: {max-model-len: 512, API-KEY: %s}}", "server.args.API-KEY"),
+    ("{args: {api-key: [%s]}}", "server.args.api-key"),  # rejected before any type check
+    ("{env: {VLLM_API_KEY: %s}}", "server.env.VLLM_API_KEY"),
+    ("{env: {HF_HUB_OFFLINE: '1', vllm_api_key: %s}}", "server.env.vllm_api_key"),
+])
+def test_an_api_key_in_the_sweep_file_is_rejected_without_showing_it(tmp_path, server, key):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + f"server: {server % SECRET}\n")
+    with pytest.raises(ConfigError, match=r"server\.api_key_env$") as info:
+        load_sweep(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}: '<hidden>': an API key does not belong in the "
+                              "sweep file")
+    assert SECRET not in message and "\n" not in message
+    assert (info.value.key, info.value.value) == (key, "<hidden>")
+
+
+@pytest.mark.parametrize("server", ["{args: {api-key-file: k.txt}}", "{env: {MY_API_KEY: x}}",
+                                    "{api_key_env: VLLM_KEY}"])
+def test_names_near_an_api_key_are_not_rejected(tmp_path, server):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + f"server: {server}\n")
+    load_sweep(path)
