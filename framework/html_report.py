@@ -6,7 +6,9 @@ the best feasible configuration with its `vllm serve` command and gain over the 
 Pareto plots of throughput vs the SLA's TTFT and TPOT keys with the limits drawn and the front
 highlighted; parameter importances; the objective against each parameter; the table of all
 trials with a per-trial diagnosis (framework.diagnosis); the failures with their log tails.
-Every section degrades to a sentence when there is nothing to plot.
+Every section degrades to a sentence when there is nothing to plot. Every string taken from
+the rows (fail reasons and details, log tails, parameter values, versions) is HTML-escaped,
+also in plot labels, which plotly renders as HTML.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def _fmt(value: object) -> str:
 
 
 def _esc(value: object) -> str:
+    """`value` as text for HTML element content and plotly labels (not for attributes)."""
     return html.escape(_fmt(value), quote=False)
 
 
@@ -76,7 +79,7 @@ def _plot(fig: go.Figure, height: int = 420, top: int = 50) -> str:
 
 
 def _hover(row: pd.Series, params: Sequence[str]) -> str:
-    values = "<br>".join(f"{_flag(p)}={_fmt(row[p])}" for p in params)
+    values = "<br>".join(f"{html.escape(_flag(p))}={_esc(row[p])}" for p in params)
     return f"trial {int(row['trial_number'])}<br>{values}"
 
 
@@ -166,7 +169,7 @@ def _categories(values: pd.Series) -> list[str] | None:
         ordered = sorted(set(present.tolist()))
     except TypeError:
         ordered = sorted(set(present.tolist()), key=str)
-    return [_fmt(v) for v in ordered]
+    return [_esc(v) for v in ordered]
 
 
 def _effects(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str]) -> str:
@@ -175,14 +178,15 @@ def _effects(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str]) -> st
         return "<p>No completed trial (or no parameter): no effect to plot.</p>"
     cols = min(3, len(params))
     rows = math.ceil(len(params) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_flag(p) for p in params])
+    fig = make_subplots(rows=rows, cols=cols,
+                        subplot_titles=[html.escape(_flag(p)) for p in params])
     for index, param in enumerate(params):
         categories = _categories(done[param])
         if categories:
             fig.update_xaxes(type="category", categoryorder="array", categoryarray=categories,
                              row=index // cols + 1, col=index % cols + 1)
         for label, color, part in _by_verdict(done):
-            xs = [_fmt(v) if categories else v for v in part[param].tolist()]
+            xs = [_esc(v) if categories else v for v in part[param].tolist()]
             fig.add_trace(go.Scatter(x=xs, y=part["_y"].tolist(), mode="markers", name=label,
                                      legendgroup=label, showlegend=index == 0,
                                      marker={"color": color, "size": 9},
@@ -221,7 +225,7 @@ def _best(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str]) -> tuple
 
 def _result(row: Mapping[str, object]) -> tuple[str, str]:
     if row["state"] != "COMPLETE":
-        return f"FAIL({_fmt(row['fail_reason'])})", "fail"
+        return f"FAIL({_esc(row['fail_reason'])})", "fail"
     return ("feasible", "ok") if row["feasible"] == True else ("SLA violated", "bad")  # noqa: E712
 
 
@@ -247,8 +251,8 @@ def _table(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str], best: i
                  *[f"<td>{_esc(row[p])}</td>" for p in params],
                  f"<td class='n'>{_esc(row.get('objective'))}</td>",
                  f"<td class='{css}'>{result}</td>",
-                 f"<td class='diag'><b>{diagnosis.verdict}</b><br><span class='small'>"
-                 f"{html.escape(diagnosis.text, quote=False)}</span></td>",
+                 f"<td class='diag'><b>{html.escape(diagnosis.verdict)}</b><br>"
+                 f"<span class='small'>{html.escape(diagnosis.text, quote=False)}</span></td>",
                  *[f"<td class='n'>{_esc(row.get(k))}</td>" for k, _ in metrics]]
         lines.append(f"<tr class='{'best' if number == best else ''}'>{''.join(cells)}</tr>")
     lines.append("</tbody></table></div><p class='small'>* baseline: vLLM's defaults (no tuned "

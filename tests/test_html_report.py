@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -301,3 +302,60 @@ def test_cli_report_of_a_bad_sweep_is_one_line_exit_2(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert str(bad) in res.stderr and "Traceback" not in res.stderr
+
+
+class _Tags(HTMLParser):
+    """The start tags of a page, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.tags.append(tag)
+
+
+def _tags(text: str) -> list[str]:
+    parser = _Tags()
+    parser.feed(text)
+    return parser.tags
+
+
+def _report_of(tmp_path: Path, reason: str, detail: str, tail: str, param: str,
+               version: str) -> str:
+    """The report of one feasible trial and one failed trial carrying these strings."""
+    common = {"serve_command": "vllm serve m", "param_max_num_seqs": param}
+    trials = pd.DataFrame([
+        {**common, "trial_number": 0, "state": "COMPLETE", "feasible": True,
+         "is_baseline": True, "objective": 100.0, "output_throughput": 100.0,
+         "p99_ttft_ms": 200.0, "p99_tpot_ms": 8.0, "fail_reason": None, "fail_detail": None,
+         "log_tail": None, "vllm_version": "0.32"},
+        {**common, "trial_number": 1, "state": "FAIL", "feasible": None, "is_baseline": False,
+         "objective": math.nan, "output_throughput": math.nan, "p99_ttft_ms": math.nan,
+         "p99_tpot_ms": math.nan, "fail_reason": reason, "fail_detail": detail,
+         "log_tail": tail, "vllm_version": version},
+    ])
+    spec = SweepSpec.model_validate({"name": "x", "model": "m", "search_space": "s.yaml",
+                                     "sla": SLA})
+    out = render_report(trials, spec, None, tmp_path / f"{len(reason)}.html")
+    return out.read_text(encoding="utf-8")
+
+
+def test_row_text_reaches_the_report_escaped(tmp_path):
+    reason = "<script>alert('reason')</script>"
+    detail = "<img src=x onerror=alert('detail')>"
+    tail = "line 1\n</pre><script>alert('tail')</script>"
+    param = "<b onmouseover=alert('param')>64</b>"
+    version = "<i>0.32</i>"
+    text = _report_of(tmp_path, reason, detail, tail, param, version)
+
+    for raw in (reason, detail, "</pre><script>", param, version):
+        assert raw not in text
+    assert f"FAIL({html.escape(reason, quote=False)})" in text  # the trial table's result
+    assert f"<b class='fail'>{html.escape(reason, quote=False)}</b>" in text  # the failures
+    assert html.escape(detail, quote=False) in text
+    assert html.escape(tail, quote=False) in text
+    assert html.escape(version) in text
+    # the page's elements are those of the same report with harmless strings
+    benign = _report_of(tmp_path, "startup_crash", "died", "line 1\nline 2", "64", "0.32")
+    assert _tags(text) == _tags(benign)
