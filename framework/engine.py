@@ -68,10 +68,21 @@ def serve(argv: Sequence[str]) -> None:
         raise TrialError(kind, f"{type(exc).__name__}: {exc}".strip()[:2000]) from None
 
 
-# Text of a server that died for want of memory while starting: device OOM, no room left for
-# KV cache blocks, or a KV cache too small for one max-model-len sequence (vLLM 0.32 wording).
-OOM_MARKERS = ("out of memory", "OutOfMemoryError", "No available memory for the cache blocks",
-               "larger than the available KV cache memory", "Cannot allocate memory", "MemoryError")
+# Text of a server that died for want of memory while starting, in vLLM 0.32's wording
+# (tests/test_oom_markers.py holds each message with its source).
+OOM_MARKERS = (
+    "out of memory",  # torch and CUDA allocation failures, vLLM's warm-up RuntimeErrors
+    "OutOfMemoryError",  # torch.OutOfMemoryError
+    "not enough GPU memory",  # model load, auto-fit max_model_len
+    "is less than desired GPU memory utilization",  # start-up free-memory check
+    "is less than the engine's budget",  # the same check with externally held weights
+    "exceed the desired GPU memory utilization",  # externally held weights alone
+    "No available memory for the cache blocks",  # KV budget <= 0
+    "larger than the available KV cache memory",  # KV cache below one max-model-len sequence
+    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS handle or workspace on a full device
+    "Cannot allocate memory",  # host: errno 12
+    "MemoryError",
+)
 
 
 def startup_failure(reason: str, detail: str, log: str) -> tuple[str, str]:
