@@ -31,7 +31,8 @@ from rich.console import Console
 
 from framework.feasibility import Feasibility
 from framework.objective import evaluate_repeated, per_device
-from framework.placement import Bundle, ask_another, bundles, fits, shape_of, why_unplaceable
+from framework.placement import Bundle, ask_another, bundles, fits, node_unit, shape_of, \
+    why_unplaceable
 from framework.provenance import provenance
 from framework.report import Progress, print_summary
 from framework.rows import (
@@ -128,9 +129,10 @@ class Runner:
         """A trial that must not launch (unplaceable, or infeasible by the memory model), as
         its outcome; (None, feasibility) when it may launch."""
         now = datetime.now(timezone.utc)
-        if not fits(wanted, nodes):
+        unit = node_unit(shape_of(flags))
+        if not fits(wanted, nodes, unit):
             return TrialOutcome(started_at=now, argv=(), fail_reason="unplaceable",
-                                fail_detail=why_unplaceable(wanted, nodes)), None
+                                fail_detail=why_unplaceable(wanted, nodes, unit)), None
         feas = feasibility(self.sweep, flags, self._devices(nodes))
         if feas is not None and not feas.ok:
             return TrialOutcome(started_at=now, argv=(), fail_reason="infeasible",
@@ -168,7 +170,8 @@ class Runner:
                              plan, log_path, wanted,
                              phase=lambda text: progress.phase(p.number, text), on_placed=placed,
                              stop_later=lambda server: self._pool.hand_over(p.number, server),
-                             reuse=reuse, screen=lambda metrics: self._screen(p, flags, metrics))
+                             reuse=reuse, screen=lambda metrics: self._screen(p, flags, metrics),
+                             unit=node_unit(shape_of(flags)))
         finally:
             placed()
 

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from framework.placement import Shape, ask_another, bundles, fits, shape_of, why_unplaceable
+from framework.placement import (
+    NODE_ID_LABEL,
+    Layout,
+    Shape,
+    ask_another,
+    assign_units,
+    bundles,
+    fits,
+    layout,
+    node_unit,
+    ranks_by_node,
+    shape_of,
+    why_unplaceable,
+)
 
 
 @pytest.mark.parametrize("flags, shape", [
@@ -65,3 +78,72 @@ def test_why_unplaceable_names_the_shortfall():
 ])
 def test_ask_another(waiting, free, expected):
     assert ask_another(waiting, free, max_waiting=3, max_backfill=16) is expected
+
+
+@pytest.mark.parametrize("shape, unit", [
+    (Shape(1, 1), 1), (Shape(4, 1), 4), (Shape(8, 1), 8),  # PP = 1: the whole group
+    (Shape(1, 4), 1), (Shape(2, 2), 2), (Shape(8, 2), 8),  # PP > 1: one stage
+])
+def test_node_unit_is_the_group_without_pp_else_one_stage(shape, unit):
+    assert node_unit(shape) == unit
+
+
+GPU = {"GPU": 1.0}
+
+
+@pytest.mark.parametrize("wanted, unit, nodes, expected", [
+    # two stages of TP=2 on a 4-GPU node and a 2-GPU node: best fit puts stage 0 (largest
+    # first, ties in order) on the 2-GPU node, leaving the 4-GPU node whole for stage 1
+    ([GPU] * 4, 2, {"a": {"GPU": 4.0}, "b": {"GPU": 2.0}}, ["b", "b", "a", "a"]),
+    # both stages fit one node: they share it
+    ([GPU] * 4, 2, {"a": {"GPU": 4.0}}, ["a", "a", "a", "a"]),
+    # 3 free GPUs on each of two nodes: 6 free in all, but no node takes a stage of 4
+    ([GPU] * 8, 4, {"a": {"GPU": 3.0}, "b": {"GPU": 3.0}}, None),
+    # TP=2 stages may not split 1 + 1 across nodes
+    ([GPU] * 2, 2, {"a": {"GPU": 1.0}, "b": {"GPU": 1.0}}, None),
+    # units of one bundle go anywhere
+    ([GPU] * 2, 1, {"a": {"GPU": 1.0}, "b": {"GPU": 1.0}}, ["a", "b"]),
+    # memory and node:ip resources do not sway the fit: only what the bundle asks for counts
+    ([GPU] * 2, 2, {"a": {"GPU": 8.0, "memory": 1e12}, "b": {"GPU": 2.0, "memory": 1.0}},
+     ["b", "b"]),
+])
+def test_assign_units_keeps_each_unit_on_one_node(wanted, unit, nodes, expected):
+    assert assign_units(wanted, unit, nodes) == expected
+
+
+def test_fits_refuses_a_stage_split_across_nodes():
+    four_nodes_of_two = [{"GPU": 2.0, "CPU": 2.0}] * 4
+    wanted = bundles(Shape(4, 2), "gpu", 1)
+    assert fits(wanted, four_nodes_of_two, unit=1)  # 8 GPUs exist ...
+    assert not fits(wanted, four_nodes_of_two, unit=node_unit(Shape(4, 2)))  # ... not 4 on a node
+    why = why_unplaceable(wanted, four_nodes_of_two, unit=4)
+    assert "4 bundles must share a node" in why and "largest: 2" in why
+
+
+def test_layout_strategies():
+    free = {"a": {"GPU": 4.0}, "b": {"GPU": 4.0}}
+    assert layout([GPU] * 4, 4, free, free) == Layout("STRICT_PACK")
+    assert layout([GPU] * 4, 1, free, free) == Layout("PACK")
+    pinned = layout([GPU] * 4, 2, {"a": {"GPU": 2.0}, "b": {"GPU": 2.0}}, free)
+    assert pinned.strategy == "PACK"
+    assert pinned.label_selector == ({NODE_ID_LABEL: "a"},) * 2 + ({NODE_ID_LABEL: "b"},) * 2
+
+
+def test_layout_waits_on_total_resources_when_nothing_is_free():
+    busy = {"a": {"GPU": 0.0}, "b": {"GPU": 1.0}}
+    total = {"a": {"GPU": 4.0}, "b": {"GPU": 4.0}}
+    plan = layout([GPU] * 4, 2, busy, total)
+    assert plan.label_selector is not None
+    nodes = [s[NODE_ID_LABEL] for s in plan.label_selector]
+    assert nodes[0] == nodes[1] and nodes[2] == nodes[3]
+
+
+@pytest.mark.parametrize("bundle_nodes, driver, ranks", [
+    # vLLM's own docstring example (vllm/v1/executor/ray_utils.py get_bundles_sorted_by_node):
+    # bundles on C, A, B, C, A, B with the driver on A -> order 1, 4, 2, 5, 0, 3
+    (["C", "A", "B", "C", "A", "B"], "A", [4, 0, 2, 5, 1, 3]),
+    (["n2", "n1", "n1", "n2"], "n2", [0, 2, 3, 1]),
+    (["x"], "y", [0]),
+])
+def test_ranks_by_node_follow_vllm_driver_first_then_node_id(bundle_nodes, driver, ranks):
+    assert ranks_by_node(bundle_nodes, driver) == ranks
