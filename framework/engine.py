@@ -1,19 +1,22 @@
 """Run one vLLM OpenAI server in the current process (inside the trial's server actor).
 
 In-process, not `vllm serve` as a subprocess: only in-process does vLLM's Ray executor see the
-trial's placement group and reuse it (FIELD_NOTES). The caller's main thread blocks in
-`serve()` until the server exits; vLLM installs signal handlers, which needs the main thread.
+trial's placement group and reuse it (docs/ARCHITECTURE.md, "Why in-process vLLM in an actor").
+The caller's main thread blocks in `serve()` until the server exits; vLLM installs signal
+handlers, which needs the main thread.
 No Ray import here: `cluster` wraps this in an actor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from framework.control import serve_from_env
 from framework.errors import TrialError
 
 # Exception types vLLM raises while validating its configuration (before any engine process
@@ -52,20 +55,46 @@ def parse_server_args(argv: Sequence[str]):
 def serve(argv: Sequence[str]) -> None:
     """Parse, then run the OpenAI server until it exits. Blocks the calling (main) thread.
 
+    With $VLLM_SWEEP_CONTROL_SOCKET set, the command `reset_prefix_cache` on that socket
+    resets the engine's prefix cache in-process (framework.control), without vLLM's dev mode.
     Raises TrialError(invalid_args) for rejected arguments or configuration, and
     TrialError(startup_crash) for anything else that ends the server.
     """
     import uvloop
-    from vllm.entrypoints.launchers.api_server.entry import run_server
+    from vllm.entrypoints.launchers.api_server import entry
 
     args = parse_server_args(argv)
+    engine: dict = {}
+    build_and_serve = entry.build_and_serve
+
+    async def capture(engine_client, *rest, **kwargs):
+        engine.update(client=engine_client, loop=asyncio.get_running_loop())
+        return await build_and_serve(engine_client, *rest, **kwargs)
+
+    def reset_prefix_cache() -> bool:
+        """vLLM's dev route's call (vllm/entrypoints/serve/dev/cache/api_router.py): False while
+        blocks are held by running requests."""
+        if "client" not in engine:
+            return False
+        done = asyncio.run_coroutine_threadsafe(engine["client"].reset_prefix_cache(),
+                                                engine["loop"])
+        ok = bool(done.result(timeout=30))
+        print(f"vllm-sweep: prefix cache reset in-process: {'done' if ok else 'refused'}",
+              flush=True)
+        return ok
+
+    entry.build_and_serve = capture  # run_server_worker looks it up in its module
+    control = serve_from_env({"reset_prefix_cache": reset_prefix_cache})
     try:
-        uvloop.run(run_server(args))
+        uvloop.run(entry.run_server(args))
     except TrialError:
         raise
     except BaseException as exc:  # noqa: BLE001 - classified and re-raised as data
         kind = "invalid_args" if type(exc).__name__ in _CONFIG_ERRORS else "startup_crash"
         raise TrialError(kind, f"{type(exc).__name__}: {exc}".strip()[:2000]) from None
+    finally:
+        if control is not None:
+            control.close()
 
 
 # Text of a server that died for want of memory while starting, in vLLM 0.32's wording

@@ -11,8 +11,8 @@ FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
 With VLLM_API_KEY set, /v1 routes answer 401 without `Authorization: Bearer <key>`, as vLLM.
 Prefix caching (unless --no-enable-prefix-caching) is whole-prompt: a prompt seen before
-counts its tokens as hits in vllm:prefix_cache_hits_total; with VLLM_SERVER_DEV_MODE=1,
-`POST /reset_prefix_cache` empties it, as vLLM's dev route does.
+counts its tokens as hits in vllm:prefix_cache_hits_total; the command `reset_prefix_cache` on
+the control socket (framework.control) empties it, as `engine.serve` resets vLLM's.
 Like vLLM, it dies at start-up when --num-gpu-blocks-override x --block-size (16) cannot hold
 one --max-model-len (2048) sequence.
 `on_ready(args)` is called once the server listens (the cluster module uses it to start one
@@ -30,6 +30,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from framework.control import serve_from_env
 from framework.errors import TrialError
 
 _FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
@@ -142,16 +143,17 @@ async def _serve(args: argparse.Namespace) -> None:
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
-    async def reset_prefix_cache(_: web.Request) -> web.Response:
-        cached.clear()
-        return web.json_response({"success": True})
-
+    loop = asyncio.get_running_loop()
+    control = serve_from_env({"reset_prefix_cache":
+                              lambda: bool(loop.call_soon_threadsafe(cached.clear))})
     app = web.Application(middlewares=[authenticate])
     app.add_routes([web.get("/health", health), web.get("/metrics", metrics),
                     web.post("/v1/completions", completions)])
-    if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":  # as vLLM: a dev route
-        app.add_routes([web.post("/reset_prefix_cache", reset_prefix_cache)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    await asyncio.Event().wait()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if control is not None:
+            control.close()

@@ -9,9 +9,7 @@ data (`TrialOutcome.fail_reason`), never raised; the server is stopped on every 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -47,13 +45,19 @@ class ServerHandle(Protocol):
 
     def failure(self) -> TrialError | None: ...
 
-    def stop(self) -> list[int]: ...
+    def stop(self) -> list[int]:
+        """End every process of the server and release its devices; the server's full log is
+        then at the `log_path` it was launched with. Returns pids that survived."""
+
+    def command(self, name: str, timeout_s: float = 60.0) -> str:
+        """A control command to the server process (framework.control): its answer line."""
 
 
 class ServerLauncher(Protocol):
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[dict[str, float]],
-               on_placed: Callable[[], None] = lambda: None) -> ServerHandle: ...
+               on_placed: Callable[[], None] = lambda: None, unit: int = 1) -> ServerHandle:
+        """`unit`: consecutive bundles of `wanted` that must share a node."""
 
 
 @dataclass(frozen=True)
@@ -109,23 +113,16 @@ def _await_ready(server: ServerHandle, timeout_s: float, deadline: Deadline) -> 
     raise TrialError("startup_timeout", f"not ready within {timeout_s:.0f} s")
 
 
-def reset_prefix_cache(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> None:
-    """POST /reset_prefix_cache until vLLM answers {"success": true} (it refuses while blocks
-    are still held); TrialError("load_failed") if it never does or the route is missing
-    (it needs VLLM_SERVER_DEV_MODE=1 on the server)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def reset_prefix_cache(server: ServerHandle, timeout_s: float = 30.0) -> None:
+    """Reset the server's prefix cache in-process (the control command; no dev-mode route)
+    until it succeeds (vLLM refuses while blocks are still held); TrialError("load_failed")
+    if it never does."""
     deadline = time.monotonic() + timeout_s
     answer = ""
     while time.monotonic() < deadline:
-        req = urllib.request.Request(f"{base_url.rstrip('/')}/reset_prefix_cache", data=b"",
-                                     headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                answer = resp.read().decode(errors="replace")
-            if json.loads(answer or "{}").get("success", True):
-                return
-        except (OSError, ValueError) as exc:
-            answer = str(exc)
+        answer = server.command("reset_prefix_cache")
+        if answer == "ok":
+            return
         time.sleep(0.5)
     raise TrialError("load_failed", f"could not reset the reused server's prefix cache: {answer}")
 
@@ -148,7 +145,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
               clock: Callable[[], float] = time.monotonic,
               stop_later: Callable[[ServerHandle], None] | None = None,
               reuse: Reused | None = None,
-              screen: Callable[[dict[str, float]], str | None] | None = None) -> TrialOutcome:
+              screen: Callable[[dict[str, float]], str | None] | None = None,
+              unit: int = 1) -> TrialOutcome:
     """Run one trial; every failure comes back as `fail_reason` with the server log tail.
 
     `stop_later`: after a successful measurement, hand the server to it instead of stopping
@@ -159,7 +157,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     server (minus vLLM's start-up).
     `screen`: with `plan.screen`, called with the screening run's metrics; a reason (str)
     ends the trial there as `fail_reason="pruned"` (metrics: the screen's; the server is
-    handed to `stop_later` as after a full run), None lets the full run follow."""
+    handed to `stop_later` as after a full run), None lets the full run follow.
+    `unit`: consecutive bundles that must share a node (placement.node_unit)."""
     started_at = datetime.now(timezone.utc)
     t0 = clock()
     argv: list[str] = []
@@ -184,11 +183,11 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             server = reuse.server
             argv.extend(reuse.argv)
             placed()
-            reset_prefix_cache(server.base_url, plan.api_key)
+            reset_prefix_cache(server)
         else:
             phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1
                   else "starting server")
-            server = launcher.launch(remember, log_path, wanted, placed)
+            server = launcher.launch(remember, log_path, wanted, placed, unit=unit)
         launch_s = clock() - t0
         if len(wanted) > 1 and reuse is None:
             phase(f"starting server on {', '.join(server.placement)}")

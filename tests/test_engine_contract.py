@@ -2,8 +2,8 @@
 named stand-in used for scheduling tests at scale. Both must reject bad flags as invalid_args
 before listening, serve /health and streaming completions with usage (and /v1 only with the
 API key when VLLM_API_KEY is set), count prefix-cache hits on a repeated prompt and forget them
-after `POST /reset_prefix_cache` (dev mode), and leave no process
-once their process group is killed."""
+after the in-process reset (the control socket, framework.control) while vLLM's dev routes stay
+closed (no VLLM_SERVER_DEV_MODE), and leave no process once their process group is killed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import psutil
 import pytest
@@ -22,10 +24,22 @@ from framework.errors import TrialError
 from framework.loadgen import run_load, wait_ready
 from framework.ports import pick_port
 from framework.server_metrics import PREFIX_HITS, fetch_text, parse_metrics
+from framework import control
 from framework.trial import reset_prefix_cache
 from framework.workload import RequestSpec
 
 ENGINES = ["framework.engine", "framework.fake_engine"]
+
+
+class ControlledServer:
+    """The one part of trial.ServerHandle the reset needs: the control command, sent to the
+    socket directly (cluster.RayServer sends it through a task on the server's node)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def command(self, name: str, timeout_s: float = 60.0) -> str:
+        return control.send(self.path, name, timeout_s)
 API_KEY = "contract-test-key"
 
 
@@ -47,13 +61,15 @@ def running_engine(request, tiny_model, tmp_path):
     argv = ["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
             "--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager"]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", FAKE_ENGINE_STARTUP_S="0.2",
-               VLLM_API_KEY=API_KEY, VLLM_SERVER_DEV_MODE="1")
+               VLLM_API_KEY=API_KEY)
+    env.pop("VLLM_SERVER_DEV_MODE", None)
+    env[control.SOCKET_VAR] = str(tmp_path / "ctl.sock")
     code = f"import sys; from {request.param} import serve; serve(sys.argv[1:])"
     with open(tmp_path / "server.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield request.param, f"http://127.0.0.1:{port}", proc
+        yield request.param, f"http://127.0.0.1:{port}", proc, env[control.SOCKET_VAR]
     finally:
         tree = [proc.pid]
         try:
@@ -78,7 +94,7 @@ def running_engine(request, tiny_model, tmp_path):
 def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_model):
     import asyncio
 
-    module, base_url, proc = running_engine
+    module, base_url, proc, socket_path = running_engine
     ready = asyncio.run(wait_ready(base_url, 240, is_alive=lambda: proc.poll() is None))
     assert ready, f"{module} not ready"
     requests = [RequestSpec(prompt="def main():", prompt_len=4, output_len=12) for _ in range(6)]
@@ -110,7 +126,10 @@ def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_mod
     before = hits_after(-1.0)
     send()
     assert hits_after(before) > before, "a repeated prompt must hit the prefix cache"
-    reset_prefix_cache(base_url, API_KEY)
+    dev_route = urllib.request.Request(f"{base_url}/reset_prefix_cache", data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(dev_route, timeout=10)
+    reset_prefix_cache(ControlledServer(socket_path))
     before = hits_after(-1.0)
     send()
     assert hits_after(before) == before, "after the reset the same prompt must miss"
