@@ -16,9 +16,12 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HOME := $(CURDIR)/.cache/hf
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export VLLM_SWEEP_CACHE_DIR := $(CURDIR)/.cache
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install model browser demo test clean
+GPU_VENV := .venv-gpu
+
+.PHONY: install model browser demo test test-gpu clean
 
 install: $(STAMP)
 
@@ -43,5 +46,13 @@ demo: install model
 test: install model browser
 	$(BIN)/python -m pytest -ra
 
+# Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then
+# tests/gpu (each skips itself without CUDA, two GPUs, or a second GPU node: RAY_ADDRESS).
+test-gpu:
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q -e ".[gpu,test]"
+	test -f $(MODEL)/config.json || $(GPU_VENV)/bin/vllm-sweep build-model $(MODEL)
+	$(GPU_VENV)/bin/python -m pytest -ra -m gpu tests/gpu
+
 clean:
-	rm -rf $(VENV) models results .cache
+	rm -rf $(VENV) $(GPU_VENV) models results .cache

@@ -67,8 +67,8 @@ class ServerSpec(_Spec):
     and `best` leave the flag out.
 
     `reuse`: a trial whose vLLM flags equal those of the server the previous trial just
-    measured on takes that server over (same process; prefix cache reset through vLLM's
-    /reset_prefix_cache, a route that needs VLLM_SERVER_DEV_MODE=1, which reuse sets) instead of
+    measured on takes that server over (same process; its prefix cache reset in-process through
+    the server's control socket, framework.control, so vLLM's dev routes stay closed) instead of
     starting its own; confirmation runs always start fresh servers. With run settings in the
     space (kind: run), TPE / random trials that start a server are followed by their siblings
     (same flags, the other discrete run-setting values), which reuse it.
@@ -313,9 +313,14 @@ class ClusterSpec(_Spec):
     distort each other's measurements. `cpus_per_worker`: CPUs of each CPU-engine bundle.
     `num_cpus` / `num_gpus`: resources of the private local Ray (default: what Ray detects;
     `num_gpus` on a machine without GPUs declares fake ones, for the fake engine).
+    `cache_dir`: the node-local directory for vLLM's compile cache and Hugging Face's files,
+    kept across jobs (default: $VLLM_SWEEP_CACHE_DIR, else `.cache` of the working directory
+    on a private local Ray and `~/.cache/vllm-sweep` on a joined cluster; `~` is expanded on
+    each node).
     """
 
     address: str | None = None
+    cache_dir: str | None = None
     num_cpus: int | None = Field(default=None, gt=0)
     num_gpus: int | None = Field(default=None, ge=0)
     cpus_per_worker: int = Field(default=1, gt=0)

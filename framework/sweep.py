@@ -60,6 +60,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         if name in ("model", "host", "port"):
             raise ConfigError(str(spec.search_space), f"parameters.{name}", name,
                               "set by vllm-sweep, cannot be searched")
+        if name.lstrip("-").replace("_", "-").lower() == "api-key":
+            raise ConfigError(str(spec.search_space), f"parameters.{name}", "<hidden>",
+                              "an API key is not a parameter; name its variable in "
+                              "server.api_key_env")
     name = spec.server.api_key_env
     if check_flags and name is not None and not os.environ.get(name):
         raise ConfigError(str(path), "server.api_key_env", name,
@@ -128,18 +132,33 @@ def _check_vllm_flags(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
         raise ConfigError(str(spec.search_space), f"parameters.{bad[0]}", bad[0], bad[1])
 
 
-def server_env(spec: SweepSpec) -> dict[str, str]:
-    """Environment of every server: offline, caches inside the project, then the sweep's env."""
-    cache = Path(".cache").resolve()
+CACHE_DIR_VAR = "VLLM_SWEEP_CACHE_DIR"
+
+
+def cache_dir(spec: SweepSpec, local: bool = True) -> str:
+    """The servers' node-local cache directory (vLLM's compile cache, Hugging Face's files),
+    kept across jobs: `cluster.cache_dir`, else $VLLM_SWEEP_CACHE_DIR, else `.cache` of the
+    working directory on a private local Ray (`local`) and `~/.cache/vllm-sweep` on a joined
+    cluster, where a job's working directory is temporary. A leading `~` is left for each
+    node to expand (the server actor does)."""
+    chosen = spec.cluster.cache_dir or os.environ.get(CACHE_DIR_VAR)
+    if chosen:
+        return chosen if chosen.startswith("~") else str(Path(chosen).resolve())
+    return str(Path(".cache").resolve()) if local else "~/.cache/vllm-sweep"
+
+
+def server_env(spec: SweepSpec, local: bool = True) -> dict[str, str]:
+    """Environment of every server: offline, caches in `cache_dir`, then the sweep's env.
+    VLLM_SWEEP_CACHE_DIR is what the server actor turns into VLLM_CACHE_ROOT and HF_HOME on
+    its node."""
     env = {
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "HF_HOME": str(cache / "hf"),
-        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+        "DO_NOT_TRACK": "1", CACHE_DIR_VAR: cache_dir(spec, local),
     }
+    if os.environ.get("RAY_AUTH_MODE"):
+        env["RAY_AUTH_MODE"] = os.environ["RAY_AUTH_MODE"]
     if spec.engine == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    if spec.server.reuse:  # /reset_prefix_cache between runs on a reused server is a dev route
-        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.update(spec.server.env)
     return env
 

@@ -7,6 +7,7 @@ afterwards with psutil: that finds the sweep's Ray and vLLM processes (and only 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = ROOT / "models" / "tiny-llama"
 CLI = [sys.executable, "-m", "framework.cli"]
 MARKER_VAR = "VLLM_SWEEP_TEST_MARKER"
+HEAD_IP = "127.0.0.9"  # emulated heads: loopback, apart from the 127.0.0.2.. workers
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +90,12 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -
 @contextlib.contextmanager
 def emulated_cluster(tmp: Path, nodes: list[dict]):
     """A Ray cluster of several nodes on this machine (ray.cluster_utils; `nodes[0]` is the
-    head, later ones should set distinct `node_ip_address`es like 127.0.0.2). Every process is
-    tagged with a fresh marker; yields (cluster, gcs address, marker) and, on exit, shuts the
-    cluster down and asserts none of its processes is left."""
+    head, later ones should set distinct `node_ip_address`es like 127.0.0.2). The head gets
+    HEAD_IP unless it names its own: every node has a loopback address (Ray would otherwise give
+    the head the machine's address, and servers with `host: node` would bind it), asserted
+    once the nodes are up. Every process is tagged with a fresh marker; yields (cluster, gcs
+    address, marker) and, on exit, shuts the cluster down and asserts none of its processes is
+    left."""
     from ray.cluster_utils import Cluster
 
     marker = new_marker()
@@ -100,10 +105,11 @@ def emulated_cluster(tmp: Path, nodes: list[dict]):
     os.environ.pop("VLLM_TARGET_DEVICE", None)  # it would bypass vLLM platform plugins
     cluster = Cluster(shutdown_at_exit=True)
     try:
-        cluster.add_node(include_dashboard=False, **nodes[0])
+        cluster.add_node(include_dashboard=False, **{"node_ip_address": HEAD_IP, **nodes[0]})
         for node in nodes[1:]:
             cluster.add_node(**node)
         cluster.wait_for_nodes(timeout=120)
+        assert_loopback_nodes(cluster.address)
         yield cluster, cluster.address, marker
     finally:
         cluster.shutdown()
@@ -114,6 +120,16 @@ def emulated_cluster(tmp: Path, nodes: list[dict]):
                 os.environ[key] = value
         left = wait_no_marked_processes(marker)
     assert left == [], left
+
+
+def assert_loopback_nodes(address: str) -> None:
+    """Every node of the cluster at `address` has a loopback address (checked from a child
+    process, so this process joins no cluster)."""
+    code = ("import ray; ray.init(address=%r, logging_level='ERROR'); "
+            "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))" % address)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, RAY_ADDRESS="")).stdout.split()
+    assert out and all(ipaddress.ip_address(ip).is_loopback for ip in out), out
 
 
 def joined_cli_env(marker: str, tmp: Path) -> dict[str, str]:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from framework.errors import ConfigError
@@ -273,3 +274,17 @@ def test_names_near_an_api_key_are_not_rejected(tmp_path, server):
     path = tmp_path / "s.yaml"
     path.write_text(BASE + f"server: {server}\n")
     load_sweep(path)
+
+
+def test_an_api_key_is_no_search_parameter(tmp_path, tiny_model, name="api-key"):
+    from framework import sweep as sweep_mod
+
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        name: {"type": "categorical", "choices": ["s3cret-a", "s3cret-b"]}}}))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "k", "model": str(tiny_model), "search_space": str(space),
+                                    "search": {"baseline": False}}))
+    with pytest.raises(ConfigError, match=r"parameters\..*<hidden>.*server\.api_key_env") as err:
+        sweep_mod.load(path, check_flags=False)
+    assert "s3cret" not in str(err.value)

@@ -1,0 +1,18 @@
+"""Ray: the sweep's Ray session, one placement group and one server actor per trial, the
+release of a trial's devices. The only package importing ray.
+
+- `ray_session`: a private local Ray (loopback) or a joined cluster;
+- `launcher`: `RayLauncher` (trial.ServerLauncher): a trial's group, laid out so a stage's TP
+  ranks share a node, and its server actor;
+- `server`: `RayServer` (trial.ServerHandle): stop and release (every process on every node
+  gone first), the log fetched to the driver, control commands to the server;
+- `actors`: `ServerActor` (devices held as vLLM uses them) and FakeEngine's `FakeWorker`.
+"""
+
+from framework.cluster.actors import OCCUPANCY_LOG_ENV, FakeWorker, ServerActor
+from framework.cluster.launcher import RayLauncher, node_resources
+from framework.cluster.ray_session import RaySession
+from framework.cluster.server import NODE_DEATH_DETECTION_S, RayServer, group_processes
+
+__all__ = ["NODE_DEATH_DETECTION_S", "OCCUPANCY_LOG_ENV", "FakeWorker", "RayLauncher",
+           "RayServer", "RaySession", "ServerActor", "group_processes", "node_resources"]

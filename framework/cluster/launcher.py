@@ -1,0 +1,181 @@
+"""Starting trial servers on the connected Ray cluster: `RayLauncher` (trial.ServerLauncher).
+
+One placement group per trial, laid out by `placement.layout` (a stage's TP ranks on one node),
+and a `ServerActor` on bundle 0 with `placement_group_capture_child_tasks=True`, so whatever
+vLLM asks Ray for lands inside that group. At world size 1 the actor holds the bundle's GPU
+(Ray sets its CUDA_VISIBLE_DEVICES); above, vLLM's workers hold them (cluster/actors.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, \
+    remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from framework.cluster.actors import CACHE_DIR_VAR, OCCUPANCY_LOG_ENV, ServerActor
+from framework.cluster.server import RayServer
+from framework.errors import TrialError
+from framework.placement import Bundle, Layout, layout
+from framework.ports import claim_port
+from framework.session import SESSION_VAR
+from framework.vllm_plugin import ENV_FLAG
+
+# While a group with pinned stages waits, how often its layout is chosen again from the
+# devices free by then (another trial may have taken the nodes it was pinned to).
+RELAYOUT_S = 5.0
+
+
+def node_resources() -> list[dict[str, float]]:
+    """Total resources of each alive node (for `placement.fits`)."""
+    return [dict(n["Resources"]) for n in ray.nodes() if n["Alive"]]
+
+
+def _bundle_nodes(group: PlacementGroup) -> tuple[str, ...]:
+    """Node IP of each bundle, in bundle order (Ray does not order bundles by node)."""
+    table = placement_group_table(group)
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    by_bundle = table["bundles_to_node_id"]
+    return tuple(ips.get(by_bundle[i], "?") for i in sorted(by_bundle))
+
+
+def _layout_now(wanted: Sequence[Bundle], unit: int) -> Layout:
+    """`placement.layout` from the resources free on each alive node now (Ray's per-node
+    availability, ray/_private/state.py `available_resources_per_node`) and their totals."""
+    total = {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
+    free = {k: v for k, v in ray._private.state.available_resources_per_node().items()
+            if k in total}
+    return layout(wanted, unit, free, total)
+
+
+def _create(wanted: Sequence[Bundle], plan: Layout) -> PlacementGroup:
+    selector = [dict(s) for s in plan.label_selector] if plan.label_selector else None
+    return placement_group([dict(b) for b in wanted], strategy=plan.strategy,
+                           bundle_label_selector=selector)
+
+
+class RayLauncher:
+    """Starts trial servers on the connected Ray cluster: implements trial.ServerLauncher.
+
+    Thread-safe: several trials may launch at once. A port handed to a running server is never
+    handed out again on the same node until that server stops.
+    """
+
+    def __init__(self, env: Mapping[str, str], host: str, engine: str,
+                 placement_timeout_s: float = 3600.0,
+                 secret_env: Mapping[str, str] | None = None) -> None:
+        self.env, self.host, self.engine = dict(env), host, engine
+        self._secret_env = dict(secret_env or {})
+        self.placement_timeout_s = placement_timeout_s
+        self._lock = threading.Lock()
+        self._ports: set[tuple[str, int]] = set()
+        self._active: dict[int, RayServer] = {}
+        self._cancelled = threading.Event()
+
+    def node_resources(self) -> list[dict[str, float]]:
+        return node_resources()
+
+    def free_devices(self) -> float:
+        """GPUs no placement group holds right now, cluster-wide (0 on the CPU engine)."""
+        return 0.0 if self.engine == "cpu" else float(ray.available_resources().get("GPU", 0.0))
+
+    def _env_for(self, wanted: Sequence[Bundle]) -> dict[str, str]:
+        """The server actor's environment (inherited by vLLM's workers): the sweep's, the
+        session id, and the cache directory with `~` left for each node's $HOME (Ray expands
+        `${HOME}` in runtime_env env_vars on the node)."""
+        env = {k: v for k, v in self.env.items() if k != "VLLM_TARGET_DEVICE"}
+        if env.get(CACHE_DIR_VAR, "").startswith("~"):
+            env[CACHE_DIR_VAR] = "${HOME}" + env[CACHE_DIR_VAR][1:]
+        if os.environ.get(SESSION_VAR):
+            env[SESSION_VAR] = os.environ[SESSION_VAR]
+        if len(wanted) > 1 and self.engine == "cpu":  # vLLM's Ray executor on CPU bundles
+            env.update({ENV_FLAG: "1", "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1",
+                        "OMP_NUM_THREADS": str(int(wanted[0].get("CPU", 1)))})
+        return env
+
+    def _release(self, server: RayServer) -> None:
+        with self._lock:
+            self._ports.discard((server.node_id, server.port))
+            self._active.pop(id(server), None)
+        path = self.env.get(OCCUPANCY_LOG_ENV)
+        if self.engine == "fake" and path:
+            with open(path, "a") as fh:
+                fh.write(json.dumps({"t": server.released_at, "group": server.group.id.hex(),
+                                     "released": True}) + "\n")
+
+    def _place(self, wanted: Sequence[Bundle], unit: int) -> PlacementGroup | None:
+        """Reserve the group, laid out again every RELAYOUT_S while pinned stages wait; None
+        when cancelled or past the placement timeout."""
+        plan = _layout_now(wanted, unit)
+        group = _create(wanted, plan)
+        deadline = time.monotonic() + self.placement_timeout_s
+        laid_out = time.monotonic()
+        while not self._cancelled.is_set() and time.monotonic() < deadline:
+            ready, _ = ray.wait([group.ready()], timeout=1.0)
+            if ready:
+                return group
+            if plan.label_selector and time.monotonic() - laid_out > RELAYOUT_S:
+                laid_out = time.monotonic()
+                again = _layout_now(wanted, unit)
+                if again != plan:
+                    remove_placement_group(group)
+                    plan, group = again, _create(wanted, again)
+        remove_placement_group(group)
+        return None
+
+    def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
+               wanted: Sequence[Bundle], on_placed: Callable[[], None] = lambda: None,
+               unit: int = 1) -> RayServer:
+        """Reserve the trial's group (waits while the cluster is full; `unit` consecutive
+        bundles share a node), then start the server actor on bundle 0.
+        `argv_for_port(host, port)` builds the argv once the port is known."""
+        try:
+            group = self._place(wanted, unit)
+        finally:
+            on_placed()
+        if group is None:
+            if self._cancelled.is_set():
+                raise TrialError("interrupted", "the sweep stopped while the trial waited for placement")
+            raise TrialError("unplaceable", f"placement group {list(wanted)} not placed within "
+                             f"{self.placement_timeout_s:.0f} s")
+        strategy = PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
+        holds_gpu = len(wanted) == 1 and wanted[0].get("GPU", 0) > 0
+        actor = ServerActor.options(
+            num_cpus=wanted[0].get("CPU", 0), num_gpus=wanted[0]["GPU"] if holds_gpu else 0,
+            scheduling_strategy=strategy,
+            runtime_env={"env_vars": self._env_for(wanted)}).remote()
+        try:
+            info = claim_port(self._ports, self._lock, lambda taken: ray.get(
+                actor.prepare.remote(self.host, taken), timeout=300))
+            placement = _bundle_nodes(group)
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            remove_placement_group(group)
+            raise
+        host = self.host if self.host != "node" else info["node_ip"]
+        ref = actor.serve.remote(argv_for_port(host, info["port"]), info["log_path"],
+                                 self.engine, self._secret_env, str(log_path))
+        server = RayServer(actor=actor, group=group, serve_ref=ref,
+                           base_url=f"http://{host}:{info['port']}", node_ip=info["node_ip"],
+                           node_id=info["node_id"], pid=info["pid"], port=info["port"],
+                           placement=placement, log_path=log_path, node_log=info["log_path"],
+                           control_path=info["control"], _on_stop=self._release)
+        with self._lock:
+            self._active[id(server)] = server
+        return server
+
+    def stop_all(self) -> None:
+        """Stop every server still running and every wait for placement (driver interrupted)."""
+        self._cancelled.set()
+        with self._lock:
+            servers = list(self._active.values())
+        for server in servers:
+            server.stop()

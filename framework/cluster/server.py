@@ -1,0 +1,265 @@
+"""A running trial server on Ray (`RayServer`, trial.ServerHandle) and the tasks that act on
+its node: stop and reap, fetch its log, send it a control command.
+
+Release contract: a trial's group (its devices) is handed on only once every process of its
+server has exited, on every node: the server actor's own process tree (API server, EngineCore,
+and with world size 1 the model) and every actor placed in the group, i.e. vLLM's Ray workers,
+which `ray.kill` of the server actor does not wait for (they are owned by EngineCore and die
+after it, asynchronously). Ray's public API names no group's actors without the dashboard, so
+they are read from the GCS actor table (`placement_group_id`, `pid`, node), the same table
+`ray._private.state` parses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from ray.core.generated import gcs_pb2
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from framework import control
+from framework.errors import TrialError
+
+# Ray's GCS marks a node dead after ~5 missed health checks of 3 s; an actor on a dying node
+# is reported dead before that.
+NODE_DEATH_DETECTION_S = 45.0
+# How long the workers of a stopped server may take to exit before they are SIGKILLed.
+WORKER_GRACE_S = 20.0
+_DEAD = gcs_pb2.ActorTableData.ActorState.Value("DEAD")
+
+
+@dataclass(frozen=True)
+class GroupProcess:
+    """A live actor process placed in a trial's group."""
+
+    node_id: str
+    pid: int
+
+
+def group_processes(group: PlacementGroup) -> list[GroupProcess]:
+    """Actors of `group` that GCS does not yet list as DEAD (pid 0: not started yet)."""
+    accessor = ray._private.state.state._connect_and_get_accessor()
+    found = []
+    for raw in accessor.get_actor_table(None, None):
+        data = gcs_pb2.ActorTableData.FromString(raw)
+        if data.placement_group_id == group.id.binary() and data.state != _DEAD:
+            found.append(GroupProcess(node_id=data.address.node_id.hex(), pid=data.pid))
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(p.pid for p in root.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _reap(pids: list[int], grace_s: float, signal_first: bool = True) -> list[int]:
+    """SIGTERM pids (unless not `signal_first`: then only wait), wait up to grace_s, SIGKILL
+    the rest; returns pids still alive."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if signal_first:
+                proc.send_signal(signal.SIGTERM)
+            procs.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in alive]
+
+
+def _stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float) -> list[int]:
+    """The server actor's tree ended in one task on its node: the tree found while the actor
+    (pid) still runs, the actor killed through Ray (so Ray records an intended death), then
+    its descendants `_reap`ed; returns pids still alive."""
+    tree = _tree(pid)
+    ray.kill(actor, no_restart=True)
+    return _reap(tree, grace_s)
+
+
+def _await_exit(pids: list[int], grace_s: float) -> list[int]:
+    """Wait for these actor processes on this node to exit (their owner died, Ray ends them),
+    SIGKILL any still there after grace_s; returns pids still alive."""
+    return _reap(pids, grace_s, signal_first=False)
+
+
+def _read_tail(path: str, start: int) -> tuple[bytes, int]:
+    """The bytes of a node-local file from `start` (b'' if absent) and its size."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read()
+        return data, start + len(data)
+    except OSError:
+        return b"", start
+
+
+def _remove(path: str) -> None:
+    Path(path).unlink(missing_ok=True)
+
+
+_stop_tree_remote = ray.remote(num_cpus=0)(_stop_tree)
+_await_exit_remote = ray.remote(num_cpus=0)(_await_exit)
+_read_tail_remote = ray.remote(num_cpus=0)(_read_tail)
+_remove_remote = ray.remote(num_cpus=0)(_remove)
+_send_remote = ray.remote(num_cpus=0)(control.send)
+
+
+def on_node(node_id: str, fn, *args, timeout_s: float = 60.0):
+    """Run the remote function `fn(*args)` on one node and wait for its result."""
+    strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return ray.get(fn.options(scheduling_strategy=strategy).remote(*args), timeout=timeout_s)
+
+
+@dataclass
+class RayServer:
+    """A running (or starting) server of one trial: implements trial.ServerHandle.
+
+    Its log is written on its node (`node_log`); `stop()` copies it to `log_path` on the
+    driver, so the tail and the full log reach the results from any node."""
+
+    actor: ray.actor.ActorHandle
+    group: PlacementGroup
+    serve_ref: ray.ObjectRef
+    base_url: str
+    node_ip: str
+    node_id: str
+    pid: int
+    port: int
+    placement: tuple[str, ...]
+    log_path: Path
+    node_log: str
+    control_path: str
+    _on_stop: Callable[[RayServer], None] = field(default=lambda _: None, repr=False)
+    _stopped: bool = field(default=False, repr=False)
+    _log_offset: int = field(default=0, repr=False)
+    released_at: float | None = None  # wall clock just before the group was removed
+
+    def is_alive(self) -> bool:
+        done, _ = ray.wait([self.serve_ref], timeout=0)
+        return not done
+
+    def failure(self) -> TrialError | None:
+        """Why the server ended (None while it runs)."""
+        if self.is_alive():
+            return None
+        try:
+            ray.get(self.serve_ref, timeout=5)
+        except TrialError as exc:
+            return exc
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            if isinstance(cause, TrialError):
+                return cause
+            return TrialError("startup_crash", str(exc).splitlines()[-1][:2000])
+        except ray.exceptions.RayActorError as exc:
+            if self._stopped:
+                return TrialError("server_died", "stopped by vllm-sweep")
+            lost = self._await_lost_nodes(NODE_DEATH_DETECTION_S)
+            if lost:
+                return TrialError("node_lost", f"node(s) {', '.join(lost)} died")
+            return TrialError("server_died", f"server actor died: {str(exc).splitlines()[0]}")
+        return TrialError("server_died", "server exited")
+
+    def _await_lost_nodes(self, timeout_s: float) -> list[str]:
+        """The actor died: give Ray's health checks time to declare a dead node dead (not
+        when the trial ran on the driver's own node only: that node is alive)."""
+        if set(self.placement) | {self.node_ip} == {ray.util.get_node_ip_address()}:
+            return []
+        deadline = time.monotonic() + timeout_s
+        while not (lost := self.lost_nodes()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        return lost
+
+    def lost_nodes(self) -> list[str]:
+        """IPs of this trial's nodes that Ray no longer sees alive."""
+        alive = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        return sorted({ip for ip in (*self.placement, self.node_ip) if ip not in alive})
+
+    def command(self, name: str, timeout_s: float = 60.0) -> str:
+        """A control command (framework.control) to the server, through a task on its node."""
+        try:
+            return on_node(self.node_id, _send_remote, self.control_path, name, timeout_s,
+                           timeout_s=timeout_s + 30)
+        except Exception as exc:  # noqa: BLE001 - the node or the server is gone: data
+            return f"error {type(exc).__name__}: {exc}"
+
+    def fetch_log(self) -> None:
+        """Append what the server logged since the last fetch to `log_path` (driver side)."""
+        try:
+            data, self._log_offset = on_node(self.node_id, _read_tail_remote, self.node_log,
+                                             self._log_offset)
+        except Exception:  # noqa: BLE001 - the node died: what was fetched stays
+            return
+        if data:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "ab") as fh:
+                fh.write(data)
+
+    def stop(self) -> list[int]:
+        """End every process of the server on every node (`_stop_tree` on the actor's node,
+        then `_await_exit` for the group's other actors on theirs), fetch the log, then
+        remove the group: its devices are handed on only once every process that used them
+        is gone. Returns pids that survived (should be [])."""
+        if self._stopped:
+            return []
+        self._stopped = True
+        left: list[int] = []
+        if self.node_ip not in self.lost_nodes():
+            try:
+                left = on_node(self.node_id, _stop_tree_remote, self.pid, self.actor, 10.0)
+            except Exception:  # noqa: BLE001 - the node died meanwhile: nothing left to reap
+                left = []
+        ray.kill(self.actor, no_restart=True)
+        left += self._reap_group()
+        self.fetch_log()
+        try:
+            on_node(self.node_id, _remove_remote, self.node_log)
+        except Exception:  # noqa: BLE001 - the node died: its temp dir goes with it
+            pass
+        self.released_at = time.time()
+        remove_placement_group(self.group)
+        self._on_stop(self)
+        return left
+
+    def _reap_group(self) -> list[int]:
+        """Wait until GCS lists no live actor in the group and each one's process has exited
+        on its node; returns pids that could not be ended."""
+        alive_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        left: list[int] = []
+        deadline = time.monotonic() + WORKER_GRACE_S + 10
+        while (procs := [p for p in group_processes(self.group) if p.node_id in alive_nodes]):
+            by_node: dict[str, list[int]] = {}
+            for p in procs:
+                if p.pid:
+                    by_node.setdefault(p.node_id, []).append(p.pid)
+            for node_id, pids in by_node.items():
+                try:
+                    left += on_node(node_id, _await_exit_remote, pids, WORKER_GRACE_S,
+                                    timeout_s=WORKER_GRACE_S + 30)
+                except Exception:  # noqa: BLE001 - that node died: its processes with it
+                    pass
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        return sorted(set(left))
