@@ -1,0 +1,95 @@
+"""Real-GPU tests, for the first user who has GPUs: `make test-gpu` (skipped without CUDA).
+
+Each runs a short sweep with `engine: gpu` on this machine's Ray (or RAY_ADDRESS's cluster)
+and asserts what the fake-GPU contract test (tests/test_gpu_devices.py) proves on emulated
+devices, here on real ones:
+- two concurrent TP=1 trials on distinct GPUs both start (on one GPU the second would fail
+  vLLM's free-memory check at start-up);
+- a TP=2 trial starts;
+- PP=2 across two nodes, where the cluster has two GPU nodes.
+The model is $VLLM_SWEEP_GPU_MODEL, else the tiny local Llama (`make model`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.test_sweep_e2e import read_trials
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+def _model() -> Path:
+    return Path(os.environ.get("VLLM_SWEEP_GPU_MODEL", ROOT / "models" / "tiny-llama"))
+
+
+def _sweep(tmp: Path, name: str, parameters: dict, n_trials: int, concurrent: int) -> Path:
+    space = tmp / f"{name}-space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": parameters}))
+    sweep = tmp / f"{name}.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": name, "model": str(_model()), "search_space": str(space), "engine": "gpu",
+        "server": {"args": {"max-model-len": 512, "gpu-memory-utilization": 0.4},
+                   "startup_timeout_s": 900, "reuse": False},
+        "workload": {"num_prompts": 20, "input_len": 64, "output_len": 16, "warmup_requests": 0},
+        "search": {"sampler": "grid", "n_trials": n_trials, "baseline": False},
+        "cluster": {"max_concurrent_trials": concurrent, "cache_dir": str(tmp / "cache")},
+        "results_dir": str(tmp / "results"),
+    }))
+    return sweep
+
+
+def _run(tmp: Path, sweep: Path, name: str):
+    marker = new_marker()
+    res = run_cli(["run", str(sweep)], tmp, cli_env(marker, tmp), timeout_s=3000)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert wait_no_marked_processes(marker) == []
+    return read_trials(tmp / "results", name)
+
+
+@pytest.mark.timeout(3600)
+def test_two_concurrent_tp1_trials_use_distinct_gpus(short_tmp):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    sweep = _sweep(short_tmp, "tp1pair", {"max-num-seqs": {"type": "categorical",
+                                                           "choices": [16, 32]}}, 2, concurrent=2)
+    trials = _run(short_tmp, sweep, "tp1pair")
+    assert (trials["state"] == "COMPLETE").all(), trials[["fail_reason", "fail_detail"]]
+    starts = [t.timestamp() for t in trials["started_at"]]
+    ends = [s + float(d) for s, d in zip(starts, trials["trial_s"])]
+    assert max(starts) < min(ends), "the two trials should have run at the same time"
+
+
+@pytest.mark.timeout(3600)
+def test_tp2_trial_runs(short_tmp):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    trials = _run(short_tmp, _sweep(short_tmp, "tp2", {"tensor-parallel-size": {
+        "type": "categorical", "choices": [2]}}, 1, 1), "tp2")
+    assert (trials["state"] == "COMPLETE").all(), trials[["fail_reason", "fail_detail"]]
+
+
+@pytest.mark.timeout(3600)
+def test_pp2_across_two_nodes(short_tmp):
+    import ray
+
+    if not os.environ.get("RAY_ADDRESS"):
+        pytest.skip("PP across nodes needs a cluster: set RAY_ADDRESS")
+    ray.init(address=os.environ["RAY_ADDRESS"])
+    try:
+        gpu_nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
+    finally:
+        ray.shutdown()
+    if len(gpu_nodes) < 2:
+        pytest.skip("needs two GPU nodes")
+    trials = _run(short_tmp, _sweep(short_tmp, "pp2", {"pipeline-parallel-size": {
+        "type": "categorical", "choices": [2]}}, 1, 1), "pp2")
+    assert (trials["state"] == "COMPLETE").all(), trials[["fail_reason", "fail_detail"]]
+    assert len(set(trials["placement"].iloc[0])) == 2, trials["placement"].iloc[0]
