@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (a sweep that found no feasible configuration still exits 0), 1 `best`
 found no feasible trial, 2 bad input (one line naming file, key and value; `report` of a sweep
-without results), 3 cluster problem (or another driver runs the sweep), 130 interrupted.
+without results), 3 cluster problem (or another driver runs the sweep, or a `doctor` check
+failed), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -185,6 +186,49 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import time
+    import uuid
+
+    from rich.console import Console
+
+    from framework import doctor
+    from framework import sweep as sweep_mod
+    from framework.cluster import RayLauncher, RaySession
+    from framework.node_probe import probe_all_nodes
+    from framework.session import SESSION_VAR
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    t0 = time.monotonic()
+
+    def say(text: str) -> None:
+        elapsed = int(time.monotonic() - t0)
+        console.print(f"[dim]{elapsed // 60:02d}:{elapsed % 60:02d}[/dim] {text}", highlight=False)
+
+    sw = sweep_mod.load(Path(args.sweep))
+    spec = sw.spec
+    say(f"vllm-sweep doctor: sweep '{spec.name}' (engine {spec.engine}, model {spec.model})")
+    os.environ[SESSION_VAR] = uuid.uuid4().hex  # servers carry it; a private Ray is reaped by it
+    try:
+        with RaySession(args.address or spec.cluster.address, spec.cluster.num_cpus,
+                        spec.cluster.num_gpus) as session:
+            signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+            say("Ray: " + ("private local instance" if session.is_local
+                           else "joined existing cluster"))
+            host = spec.server.host
+            if host == "auto":
+                host = "127.0.0.1" if session.is_local else "node"
+            key = sweep_mod.api_key(spec)
+            launcher = RayLauncher(env=sweep_mod.server_env(spec, session.is_local), host=host,
+                                   engine=spec.engine, placement_timeout_s=300.0,
+                                   secret_env={"VLLM_API_KEY": key} if key else None)
+            checks = doctor.run(sw, session.is_local, host, launcher, probe_all_nodes, say)
+    finally:
+        os.environ.pop(SESSION_VAR, None)
+    console.print(doctor.table(checks))
+    return doctor.exit_code(checks, EXIT_CLUSTER)
+
+
 def cmd_build_model(args: argparse.Namespace) -> int:
     from framework.tiny_model import build_tiny_llama, is_built
 
@@ -241,6 +285,21 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--side-by-side", type=int, default=1, metavar="K",
                     help="trials expected to run at once on a GPU cluster (default 1)")
     pl.set_defaults(fn=cmd_plan)
+    dr = sub.add_parser(
+        "doctor", help="check the cluster before a sweep: GPUs, versions, cache and results "
+        "dirs, ports on every node, then short real servers (exit 3 on any failure)",
+        description="Checks every alive Ray node (GPUs and memory; vLLM, torch, CUDA, Ray "
+        "versions equal across nodes; the cache dir writable; free server ports) and the "
+        "results dir, then starts one short TP=1 server per GPU type (CPU engine: one CPU "
+        "server) and TP=2 / PP=2 servers where the cluster has room, 20 requests each, as a "
+        "sweep would. Prints one table; exit 0 when nothing failed, 3 otherwise.")
+    dr.add_argument("sweep", nargs="?", default="sweeps/quickstart.yaml",
+                    help="sweep YAML giving model, engine, server args, cache and results dirs "
+                    "(default: sweeps/quickstart.yaml)")
+    dr.add_argument("--address", default=None, metavar="ADDR",
+                    help="join this Ray cluster (default: the sweep's cluster.address, else "
+                    "RAY_ADDRESS, else a private local Ray)")
+    dr.set_defaults(fn=cmd_doctor)
     bm = sub.add_parser("build-model", help="build the tiny local Llama the quickstart serves")
     bm.add_argument("out", nargs="?", default="models/tiny-llama")
     bm.add_argument("--seed", type=int, default=0)
