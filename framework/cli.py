@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from framework import __version__
-from framework.errors import ClusterError, ConfigError
+from framework.base.errors import ClusterError, ConfigError
 
 EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED = 2, 3, 130
 
@@ -27,10 +27,10 @@ def _sigterm_as_interrupt(*_: object) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from framework import sweep as sweep_mod
+    from framework.sweep import loader as sweep_mod
     from framework.cluster import RayLauncher, RaySession
-    from framework.runner import Runner
-    from framework.session import DriverSession
+    from framework.sweep.runner import Runner
+    from framework.cluster.driver_session import DriverSession
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     sw = sweep_mod.load(Path(args.sweep))
@@ -66,14 +66,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _stored(args: argparse.Namespace):
     """The sweep (files checked, vLLM not imported) and its trial rows."""
-    from framework import sweep as sweep_mod
+    from framework.sweep import loader as sweep_mod
 
     sw = sweep_mod.load(Path(args.sweep), check_flags=False)
     return sw, sw.store.read_trials()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from framework.status import live_driver, sweep_status
+    from framework.results.status import live_driver, sweep_status
 
     sw, trials = _stored(args)
     spec = sw.spec
@@ -85,8 +85,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from framework.report import best_trial
-    from framework.status import best_as_yaml
+    from framework.results.console import best_trial
+    from framework.results.status import best_as_yaml
 
     sw, trials = _stored(args)
     spec, params = sw.spec, list(sw.space.parameters)
@@ -107,7 +107,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def _print_pareto(spec, trials) -> int:
-    from framework.status import pareto_trials
+    from framework.results.status import pareto_trials
 
     metrics = list(spec.objective.metrics)
     front = pareto_trials(trials, metrics, list(spec.objective.directions)) \
@@ -123,8 +123,8 @@ def _print_pareto(spec, trials) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from framework.html_report import render_report
-    from framework.tuner import param_importances
+    from framework.results.html_report import render_report
+    from framework.search.tuner import param_importances
 
     sw, trials = _stored(args)
     if trials.empty:
@@ -138,8 +138,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from framework import plan
-    from framework import sweep as sweep_mod
+    from framework.sweep import plan
+    from framework.sweep import loader as sweep_mod
 
     sw, trials = _stored(args)
     spec, space = sw.spec, sw.space
@@ -149,7 +149,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                else plan.sample(space, plan.SAMPLE_SIZE, spec.search.seed))
 
     def check(params):
-        from framework.server_args import trial_flags
+        from framework.engine.server_args import trial_flags
 
         return sweep_mod.feasibility(sw, trial_flags(spec.server.args, space.server_params(params),
                                                      False), args.gpus)
@@ -179,7 +179,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from framework import sweep as sweep_mod
+    from framework.sweep import loader as sweep_mod
 
     sw = sweep_mod.load(Path(args.sweep))
     print(f"{args.sweep}: ok (sweep '{sw.spec.name}', {len(sw.space.parameters)} parameters)")
@@ -192,11 +192,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from framework import doctor
-    from framework import sweep as sweep_mod
+    from framework.sweep import doctor
+    from framework.sweep import loader as sweep_mod
     from framework.cluster import RayLauncher, RaySession
-    from framework.node_probe import probe_all_nodes
-    from framework.session import SESSION_VAR
+    from framework.cluster.node_probe import probe_all_nodes
+    from framework.cluster.driver_session import SESSION_VAR
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     t0 = time.monotonic()
@@ -230,7 +230,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_build_model(args: argparse.Namespace) -> int:
-    from framework.tiny_model import build_tiny_llama, is_built
+    from framework.tools.tiny_model import build_tiny_llama, is_built
 
     out = Path(args.out)
     if is_built(out) and not args.force:
@@ -242,7 +242,7 @@ def cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from framework.bench import run
+    from framework.load.bench import run
 
     return run(args)
 
@@ -305,7 +305,7 @@ def parser() -> argparse.ArgumentParser:
     bm.add_argument("--seed", type=int, default=0)
     bm.add_argument("--force", action="store_true")
     bm.set_defaults(fn=cmd_build_model)
-    from framework.bench import add_cli_args as add_bench_args  # imports only the stdlib
+    from framework.load.bench import add_cli_args as add_bench_args  # imports only the stdlib
 
     be = sub.add_parser("bench", help="benchmark one OpenAI-compatible server like "
                         "`vllm bench serve` (same flags, same JSON keys)")

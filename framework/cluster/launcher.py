@@ -22,11 +22,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from framework.cluster.actors import CACHE_DIR_VAR, OCCUPANCY_LOG_ENV, ServerActor
 from framework.cluster.server import RayServer
-from framework.errors import TrialError
-from framework.placement import Bundle, Layout, layout
-from framework.ports import claim_port
-from framework.session import SESSION_VAR
-from framework.vllm_plugin import ENV_FLAG
+from framework.base.errors import TrialError
+from framework.cluster.placement import Bundle, Layout, layout
+from framework.cluster.ports import claim_port
+from framework.cluster.driver_session import SESSION_VAR
+from framework.cluster.vllm_plugin import ENV_FLAG
 
 # While a group with pinned stages waits, how often its layout is chosen again from the
 # devices free by then (another trial may have taken the nodes it was pinned to).

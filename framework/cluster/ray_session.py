@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import ray
 
-from framework.errors import ClusterError
-from framework.session import SESSION_VAR, reap_session
+from framework.base.errors import ClusterError
+from framework.cluster.driver_session import SESSION_VAR, reap_session
 
 
 @dataclass

@@ -24,8 +24,8 @@ from ray.core.generated import gcs_pb2
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from framework import control
-from framework.errors import TrialError
+from framework.engine import control
+from framework.base.errors import TrialError
 
 # Ray's GCS marks a node dead after ~5 missed health checks of 3 s; an actor on a dying node
 # is reported dead before that.
@@ -197,7 +197,7 @@ class RayServer:
         return sorted({ip for ip in (*self.placement, self.node_ip) if ip not in alive})
 
     def command(self, name: str, timeout_s: float = 60.0) -> str:
-        """A control command (framework.control) to the server, through a task on its node."""
+        """A control command (framework.engine.control) to the server, through a task on its node."""
         try:
             return on_node(self.node_id, _send_remote, self.control_path, name, timeout_s,
                            timeout_s=timeout_s + 30)

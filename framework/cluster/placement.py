@@ -1,0 +1,171 @@
+"""Trial shapes -> placement-group bundles and their layout on nodes, and whether a shape can
+ever fit a cluster. Pure.
+
+A trial with tensor parallel size TP and pipeline parallel size PP gets TP x PP bundles, one
+per vLLM worker. The TP ranks of one pipeline stage must share a node (vLLM only warns when
+they do not, and TP across nodes is slow); stages may span nodes. vLLM's Ray executor gives
+ranks to bundles sorted driver node first, then by node id (vllm/v1/executor/ray_utils.py,
+`get_bundles_sorted_by_node`), so a stage stays on one node exactly when every node holds whole
+stages: the group is laid out in units of TP bundles (`layout`):
+- PP = 1: the whole group is one unit, placed with STRICT_PACK on one node;
+- TP = 1: every bundle is a unit of its own, placed with PACK;
+- TP > 1 and PP > 1: each stage is pinned to a node with a `ray.io/node-id` bundle label
+  selector, nodes chosen best-fit from the free devices (`assign_units`).
+Bundle 0 also holds the server actor (the API server and engine core), hence its extra CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from framework.config.specs import Scalar
+
+Bundle = dict[str, float]
+
+
+@dataclass(frozen=True)
+class Shape:
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+def shape_of(flags: Mapping[str, Scalar | None]) -> Shape:
+    """TP and PP from the trial's vLLM flags (absent = 1)."""
+    return Shape(tp=int(flags.get("tensor-parallel-size") or 1),
+                 pp=int(flags.get("pipeline-parallel-size") or 1))
+
+
+def bundles(shape: Shape, engine: str, cpus_per_worker: int) -> list[Bundle]:
+    """One bundle per worker. GPU engine: {GPU: 1} (+1 CPU in bundle 0 for the server actor);
+    CPU engine: {CPU: cpus_per_worker} (the server actor shares bundle 0's CPUs)."""
+    if engine == "cpu":
+        return [{"CPU": float(cpus_per_worker)} for _ in range(shape.world_size)]
+    out: list[Bundle] = [{"GPU": 1.0} for _ in range(shape.world_size)]
+    out[0] = {"GPU": 1.0, "CPU": 1.0}
+    return out
+
+
+def node_unit(shape: Shape) -> int:
+    """Consecutive bundles that must share a node: the whole group when PP = 1 (its TP ranks),
+    one stage (TP bundles) when PP > 1."""
+    return shape.world_size if shape.pp == 1 else shape.tp
+
+
+def _units(wanted: Sequence[Bundle], unit: int) -> list[Bundle]:
+    """The summed resources of each run of `unit` consecutive bundles."""
+    out = []
+    for start in range(0, len(wanted), unit):
+        total: Bundle = {}
+        for bundle in wanted[start:start + unit]:
+            for k, v in bundle.items():
+                total[k] = total.get(k, 0.0) + v
+        out.append(total)
+    return out
+
+
+def assign_units(wanted: Sequence[Bundle], unit: int,
+                 nodes: Mapping[str, Mapping[str, float]]) -> list[str] | None:
+    """A node for each bundle such that every unit of `unit` consecutive bundles shares one,
+    from the resources `nodes` (node id -> resources) offer; None if there is none. Units are
+    placed largest first, each on the node that fits it with the least left over (best fit,
+    so large holes stay free for large shapes)."""
+    left = {node: dict(res) for node, res in nodes.items()}
+    units = _units(wanted, unit)
+    chosen: dict[int, str] = {}
+    for i in sorted(range(len(units)), key=lambda i: -sum(units[i].values())):
+        need = units[i]
+        fitting = [n for n, res in left.items() if all(res.get(k, 0.0) >= v for k, v in need.items())]
+        if not fitting:
+            return None
+        best = min(fitting, key=lambda n: (sum(left[n].get(k, 0.0) - v for k, v in need.items()), n))
+        for k, v in need.items():
+            left[best][k] -= v
+        chosen[i] = best
+    return [chosen[b // unit] for b in range(len(wanted))]
+
+
+def fits(wanted: Sequence[Bundle], nodes: Sequence[Mapping[str, float]], unit: int = 1) -> bool:
+    """Whether the bundles could be placed, `unit` consecutive bundles per node, on nodes with
+    these total resources (an idle cluster)."""
+    return assign_units(wanted, unit, {str(i): n for i, n in enumerate(nodes)}) is not None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How to ask Ray for a group: a strategy and, for pinned stages, one label selector per
+    bundle (`ray.io/node-id`)."""
+
+    strategy: str
+    label_selector: tuple[dict[str, str], ...] | None = None
+
+
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+def layout(wanted: Sequence[Bundle], unit: int, free: Mapping[str, Mapping[str, float]],
+           total: Mapping[str, Mapping[str, float]]) -> Layout:
+    """STRICT_PACK for one unit, PACK for units of one bundle, else every stage pinned to a
+    node: chosen from the `free` resources per node if they can take the group now, else from
+    the `total` ones (the group then waits there; the launcher lays it out again later)."""
+    if unit >= len(wanted):
+        return Layout("STRICT_PACK")
+    if unit == 1:
+        return Layout("PACK")
+    nodes = assign_units(wanted, unit, free) or assign_units(wanted, unit, total)
+    if nodes is None:
+        return Layout("PACK")  # can never fit: the runner records it unplaceable first
+    return Layout("PACK", tuple({NODE_ID_LABEL: n} for n in nodes))
+
+
+def ranks_by_node(bundle_nodes: Sequence[str], driver_node: str) -> list[int]:
+    """The rank vLLM's Ray executor gives each bundle: bundles sorted driver node first, then
+    by node id, stable in bundle order (vllm/v1/executor/ray_utils.py,
+    `get_bundles_sorted_by_node`); rank = position in that order."""
+    order = sorted(range(len(bundle_nodes)),
+                   key=lambda b: (0 if bundle_nodes[b] == driver_node else 1, bundle_nodes[b]))
+    ranks = [0] * len(bundle_nodes)
+    for rank, bundle in enumerate(order):
+        ranks[bundle] = rank
+    return ranks
+
+
+def why_unplaceable(wanted: Sequence[Bundle], nodes: Sequence[Mapping[str, float]],
+                    unit: int = 1) -> str:
+    """A one-line reason naming the shortfall (call when `fits` is False)."""
+    need: dict[str, float] = {}
+    for b in wanted:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    have = {k: sum(n.get(k, 0.0) for n in nodes) for k in need}
+    parts = [f"{k} {need[k]:g} needed, {have[k]:g} in the cluster" for k in need]
+    if unit > 1 and all(have[k] >= need[k] for k in need):
+        biggest = max((n.get(k, 0.0) for n in nodes for k in need), default=0.0)
+        parts = [f"{unit} bundles must share a node (the TP ranks of a stage), and no node "
+                 f"has room for {unit} (largest: {biggest:g})"]
+    return (f"{len(wanted)} bundles {list(wanted)} cannot be placed on {len(nodes)} node(s): "
+            + "; ".join(parts))
+
+
+# Trials allowed to wait for placement at once. One waiting trial lets a large shape block the
+# cluster while devices sit idle (head-of-line); a few let smaller trials backfill, while the
+# study still never runs far ahead of the cluster. Beyond MAX_WAITING, a trial is asked for only
+# while devices sit free that no waiting trial can use, up to MAX_BACKFILL waiting. Measured in
+# docs/BENCHMARKS.md.
+MAX_WAITING = 3
+MAX_BACKFILL = 16
+
+
+def ask_another(waiting: Sequence[int], free: float, max_waiting: int = MAX_WAITING,
+                max_backfill: int = MAX_BACKFILL) -> bool:
+    """Whether to ask the study for one more trial, given the device counts of the trials still
+    waiting for placement and the devices no group holds: yes while len(waiting) < max_waiting;
+    beyond that only while free >= 1 and every waiting trial needs more than `free` (so the free
+    devices would sit idle), up to max_backfill waiting."""
+    if len(waiting) < max_waiting:
+        return True
+    return len(waiting) < max_backfill and free >= 1 and min(waiting) > free

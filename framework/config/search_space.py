@@ -1,0 +1,256 @@
+"""Search-space YAML -> typed parameters. Knows nothing of Optuna.
+
+A parameter's name is the vLLM flag without dashes (`max-num-seqs`). `default` is vLLM's own
+default for the flag on the target engine: the baseline trial passes no flag at all and records
+these values, so they must be true for the installed vLLM.
+
+    parameters:
+      max-num-seqs: {type: int, low: 2, high: 128, log: true, default: 128}
+      max-num-batched-tokens: {type: categorical, choices: [512, 1024, 2048], default: 2048}
+      enable-prefix-caching: {type: bool, default: true}
+
+A parameter with `kind: run` is a run setting, not a vLLM flag: one of RUN_SETTINGS (the
+load's request rate, concurrency or burstiness), applied by the load generator (its
+`default` is the setting the baseline trial runs with). Trials whose
+server flags are equal and whose run settings differ can share one running server.
+
+A parameter with `when: {other-flag: value, ...}` is conditional: it is searched (and passed
+to vLLM) only in trials where each named earlier parameter took that value, e.g.
+`num-speculative-tokens: {type: int, low: 1, high: 8, when: {speculative-method: ngram}}`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from framework.base.errors import ConfigError
+from framework.config.specs import Scalar, first_error, read_yaml
+
+
+# Run settings a search space may vary (kind: run), and the workload field each one sets.
+RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",
+                                "max-concurrency": "max_concurrency",
+                                "burstiness": "burstiness"}
+
+
+class _Param(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = ""
+    help: str = ""
+    kind: Literal["server", "run"] = "server"
+    when: dict[str, Scalar] = Field(default_factory=dict)
+
+
+class IntParam(_Param):
+    type: Literal["int"]
+    low: int
+    high: int
+    step: int = Field(default=1, gt=0)
+    log: bool = False
+    default: int | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> IntParam:
+        _check_range(self.low, self.high, self.log, self.default)
+        if self.log and self.step != 1:
+            raise ValueError("log: true needs step 1")
+        return self
+
+
+class FloatParam(_Param):
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    default: float | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> FloatParam:
+        _check_range(self.low, self.high, self.log, self.default)
+        return self
+
+
+class CategoricalParam(_Param):
+    type: Literal["categorical"]
+    choices: tuple[Scalar, ...]
+    default: Scalar | None = None
+
+    @model_validator(mode="after")
+    def _choices(self) -> CategoricalParam:
+        if not self.choices:
+            raise ValueError("choices is empty")
+        if len(set(self.choices)) != len(self.choices):
+            raise ValueError(f"choices repeat a value: {list(self.choices)}")
+        if self.default is not None and self.default not in self.choices:
+            raise ValueError(f"default {self.default!r} is not one of the choices")
+        return self
+
+
+class BoolParam(_Param):
+    type: Literal["bool"]
+    default: bool | None = None
+
+
+Param = Annotated[IntParam | FloatParam | CategoricalParam | BoolParam, Field(discriminator="type")]
+
+
+def _can_take(param: _Param, value: Scalar) -> bool:
+    if isinstance(param, BoolParam):
+        return isinstance(value, bool)
+    if isinstance(param, CategoricalParam):
+        return value in param.choices
+    if isinstance(param, (IntParam, FloatParam)) and not isinstance(value, bool) \
+            and isinstance(value, (int, float)):
+        return param.low <= value <= param.high
+    return False
+
+
+# SearchSpace.siblings enumerates run settings of at most this many values each.
+SIBLING_VALUES = 16
+
+
+def discrete_values(param: _Param, max_values: int | None = None) -> list[Scalar] | None:
+    """Every value of a discrete parameter: both booleans, the choices, or each step of an int
+    range; None for a float range, or an int range of more than `max_values` steps."""
+    if isinstance(param, BoolParam):
+        return [False, True]
+    if isinstance(param, CategoricalParam):
+        return list(param.choices)
+    if isinstance(param, IntParam) and (max_values is None
+                                        or (param.high - param.low) // param.step < max_values):
+        return list(range(param.low, param.high + 1, param.step))
+    return None
+
+
+def _check_range(low: float, high: float, log: bool, default: float | None) -> None:
+    if low > high:
+        raise ValueError(f"low {low} > high {high}")
+    if log and low <= 0:
+        raise ValueError(f"log: true needs low > 0, got {low}")
+    if default is not None and not low <= default <= high:
+        raise ValueError(f"default {default} is outside [{low}, {high}]")
+
+
+class SearchSpace(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    description: str = ""
+    parameters: dict[str, Param]
+
+    @model_validator(mode="after")
+    def _named(self) -> SearchSpace:
+        if not self.parameters:
+            raise ValueError("no parameters")
+        for name, param in self.parameters.items():
+            if name.startswith("-") or not name.replace("-", "").isalnum():
+                raise ValueError(f"parameter {name!r}: use the vLLM flag name without dashes")
+            object.__setattr__(param, "name", name)
+            if param.kind == "run" and name not in RUN_SETTINGS:
+                raise ValueError(f"parameter {name!r}: kind: run is for the load settings "
+                                 f"{', '.join(RUN_SETTINGS)}; a vLLM flag is kind: server")
+            if param.kind == "server" and name in RUN_SETTINGS:
+                raise ValueError(f"parameter {name!r} is a load setting, not a vLLM flag: "
+                                 "mark it kind: run")
+        seen: list[str] = []
+        for name, param in self.parameters.items():
+            for other, value in param.when.items():
+                if other not in seen:
+                    raise ValueError(f"parameter {name!r}: when names {other!r}, which is not a "
+                                     "parameter listed before it")
+                if not _can_take(self.parameters[other], value):
+                    raise ValueError(f"parameter {name!r}: when {other}: {value!r} is a value "
+                                     f"{other!r} never takes")
+            seen.append(name)
+        return self
+
+    @property
+    def run_params(self) -> tuple[str, ...]:
+        return tuple(n for n, p in self.parameters.items() if p.kind == "run")
+
+    def server_params(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        """The values of `params` that are vLLM flags (kind: server)."""
+        return {n: v for n, v in params.items() if n not in self.run_params}
+
+    def run_settings(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        """The run settings in `params`, keyed by workload field (`max_concurrency`)."""
+        return {RUN_SETTINGS[n]: v for n, v in params.items() if n in self.run_params}
+
+    def siblings(self, params: Mapping[str, Scalar],
+                 max_values: int = SIBLING_VALUES) -> list[dict[str, Scalar]]:
+        """`params` with its run settings set to every other combination of their values, for
+        run parameters with a small discrete set of values (categorical, bool, int ranges of
+        at most `max_values`); [] when there are none."""
+        names = [n for n in self.run_params if n in params]
+        values = [discrete_values(self.parameters[n], max_values) for n in names]
+        if not names or any(v is None for v in values):
+            return []
+        current = tuple(params[n] for n in names)
+        return [{**params, **dict(zip(names, combo))}
+                for combo in itertools.product(*values) if combo != current]
+
+    def run_combinations(self, max_values: int | None = SIBLING_VALUES) -> int:
+        """How many combinations of values the run settings take (each discrete within
+        `max_values` values); 1 when there are none, or when one is not."""
+        values = [discrete_values(self.parameters[n], max_values) for n in self.run_params]
+        return 1 if any(v is None for v in values) else math.prod(len(v) for v in values if v)
+
+    @property
+    def conditional(self) -> bool:
+        return any(p.when for p in self.parameters.values())
+
+    def active(self, name: str, chosen: dict[str, Scalar]) -> bool:
+        """Whether parameter `name` applies given the values chosen for earlier parameters."""
+        return all(other in chosen and chosen[other] == value
+                   for other, value in self.parameters[name].when.items())
+
+    def defaults(self) -> dict[str, Scalar]:
+        """vLLM's default for every parameter active at the defaults (the baseline trial's
+        recorded values)."""
+        out: dict[str, Scalar] = {}
+        for name, p in self.parameters.items():
+            if p.default is not None and self.active(name, out):
+                out[name] = p.default
+        return out
+
+    def missing_defaults(self) -> list[str]:
+        return [name for name, p in self.parameters.items() if p.default is None and not p.when]
+
+
+def load_search_space(path: Path) -> SearchSpace:
+    """Read and validate a search-space file; every problem is a one-line ConfigError."""
+    data = read_yaml(path)
+    try:
+        return SearchSpace.model_validate(data)
+    except ValidationError as exc:
+        key, value, msg = first_error(exc)
+        raise ConfigError(str(path), key, value, msg) from None
+
+
+def grid_values(space: SearchSpace, max_points: int = 4096) -> dict[str, list[Scalar]]:
+    """Every value of every parameter, for the grid sampler: choices, both booleans, or each
+    step of an int range. Raises ValueError naming the parameter for a float range, a
+    conditional space, or a grid of more than `max_points` configurations."""
+    grid: dict[str, list[Scalar]] = {}
+    for name, p in space.parameters.items():
+        if p.when:
+            raise ValueError(f"parameter {name!r} is conditional (when); the grid sampler needs "
+                             "every parameter in every trial")
+        values = discrete_values(p)
+        if values is None:
+            raise ValueError(f"parameter {name!r} is a float range; the grid sampler needs a "
+                             "categorical list of values")
+        grid[name] = values
+    size = math.prod(len(values) for values in grid.values())
+    if size > max_points:
+        raise ValueError(f"the grid has {size} configurations (more than {max_points}); use "
+                         "categorical choices for the large ranges")
+    return grid
+
+
+def grid_size(space: SearchSpace) -> int:
+    return math.prod(len(values) for values in grid_values(space).values())

@@ -1,0 +1,475 @@
+"""Sweep YAML -> frozen, validated `SweepSpec`. Unknown keys are errors.
+
+Relative paths in a sweep file (model, search_space, results_dir) are resolved against the
+directory `vllm-sweep` runs from (the repository root for `make demo`, the job's working dir
+for `ray job submit`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from framework.base.errors import ConfigError
+from framework.load.metrics import LATENCY_METRICS, percentile_key
+
+Scalar = bool | int | float | str
+
+_LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput",
+                      "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu",
+                      "capacity_rps")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+HIDDEN = "<hidden>"  # shown in place of a secret's value
+
+
+class SecretInSweep(ValueError):
+    """An API key written in a sweep file at `name` (under its section); its value is never
+    shown."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__("an API key does not belong in the sweep file: it would be recorded "
+                         "with the servers' flags and environment (trial rows, report, Ray's "
+                         "tables); put it in an environment variable of the driver and name "
+                         "that variable in server.api_key_env")
+
+
+def is_latency_metric(key: str) -> bool:
+    """True for keys like p99_ttft_ms, mean_tpot_ms, p99.9_itl_ms (percentile in (0, 100])."""
+    match = _LATENCY_KEY.match(key)
+    if not match:
+        return False
+    stat = match.group(1)
+    return not stat.startswith("p") or 0 < float(stat[1:]) <= 100
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSpec(_Spec):
+    """Fixed vLLM flags (same for every trial) and how a server is started.
+
+    `api_key_env`: the name of an environment variable of the driver holding an API key;
+    servers require it (vLLM's VLLM_API_KEY) and the load generator sends it. The key is
+    never written to results, logs or reports; an `api-key` flag in `args` or VLLM_API_KEY
+    in `env` is rejected (it would be). `dummy_weights`: servers start with
+    `--load-format dummy` (random weights: no weight loading, same speed as the real ones,
+    meaningless text; vLLM's auto_tune does the same), recorded per trial; `serve_command`
+    and `best` leave the flag out.
+
+    `reuse`: a trial whose vLLM flags equal those of the server the previous trial just
+    measured on takes that server over (same process; its prefix cache reset in-process through
+    the server's control socket, framework.engine.control, so vLLM's dev routes stay closed) instead of
+    starting its own; confirmation runs always start fresh servers. With run settings in the
+    space (kind: run), TPE / random trials that start a server are followed by their siblings
+    (same flags, the other discrete run-setting values), which reuse it.
+
+    `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
+    own IP on a joined cluster; `node` = always the node's IP; or a literal address.
+    """
+
+    args: dict[str, Scalar] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "auto"
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    api_key_env: str | None = None
+    dummy_weights: bool = False
+    reuse: bool = True
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, name: str | None) -> str | None:
+        if name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError("name an environment variable (letters, digits, '_'); the key "
+                             "itself never goes in the sweep file")
+        return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_api_key(cls, data: Any) -> Any:
+        """The flag `api-key` (`--api-key`, `api_key`) in args, or VLLM_API_KEY in env, is
+        SecretInSweep, checked before any other rule so that no error shows its value."""
+        for field, secret in (("args", "api-key"), ("env", "vllm-api-key")):
+            entries = data.get(field) if isinstance(data, dict) else None
+            for name in entries if isinstance(entries, dict) else ():
+                if str(name).lstrip("-").replace("_", "-").lower() == secret:
+                    raise SecretInSweep(f"{field}.{name}")
+        return data
+
+    @field_validator("args")
+    @classmethod
+    def _flag_names(cls, args: dict[str, Scalar]) -> dict[str, Scalar]:
+        for name in args:
+            if name.startswith("-") or name in ("model", "host", "port"):
+                raise ValueError(f"flag {name!r}: write flags without leading dashes; "
+                                 "model, host and port are set by vllm-sweep")
+        return args
+
+
+class WorkloadSpec(_Spec):
+    """What the load generator sends. Mirrors `vllm bench serve` flags of the same names.
+
+    dataset: `random` (input_len, output_len, range_ratio), `sharegpt` (dataset_path, a
+    ShareGPT JSON/JSONL file; optional min/max_prompt_tokens, inclusive) or `prefix-shared`
+    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len).
+    endpoint: `completions` (/v1/completions) or `chat` (/v1/chat/completions).
+    duration_s: stop sending new requests after this many seconds (requests in flight
+    finish); the run also ends when num_prompts have been sent.
+    """
+
+    dataset: Literal["random", "sharegpt", "prefix-shared"] = "random"
+    tokenizer: Path | None = None  # folder with tokenizer.json; default: the model folder
+    dataset_path: Path | None = None
+    min_prompt_tokens: int | None = Field(default=None, gt=0)
+    max_prompt_tokens: int | None = Field(default=None, gt=0)
+    prefix_groups: int = Field(default=4, gt=0)
+    prefix_len: int = Field(default=64, gt=0)
+    endpoint: Literal["completions", "chat"] = "completions"
+    duration_s: float | None = Field(default=None, gt=0)
+    num_prompts: int = Field(default=200, gt=0)
+    input_len: int = Field(default=128, gt=0)
+    output_len: int = Field(default=64, gt=0)
+    range_ratio: float = Field(default=0.0, ge=0, lt=1)
+    request_rate: float = Field(default=math.inf, gt=0)
+    burstiness: float = Field(default=1.0, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+    warmup_requests: int = Field(default=16, ge=0)
+    ignore_eos: bool = True
+    seed: int = 0
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    percentiles: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
+
+    @field_validator("percentiles")
+    @classmethod
+    def _percentiles_in_range(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        for p in values:
+            if not 0 < p <= 100:
+                raise ValueError(f"percentile {p} is outside (0, 100]")
+        return values
+
+    @field_validator("dataset_path", "min_prompt_tokens", "max_prompt_tokens", "prefix_groups",
+                     "prefix_len")
+    @classmethod
+    def _for_its_dataset(cls, value: Any, info: Any) -> Any:  # info: pydantic.ValidationInfo
+        dataset = info.data.get("dataset")
+        wanted = "prefix-shared" if info.field_name.startswith("prefix") else "sharegpt"
+        if dataset is not None and dataset != wanted:
+            raise ValueError(f"applies to dataset {wanted} only, not to dataset {dataset}")
+        if info.field_name == "dataset_path" and not Path(value).is_file():
+            raise ValueError("file not found (a ShareGPT JSON or JSONL file)")
+        low = info.data.get("min_prompt_tokens")
+        if info.field_name == "max_prompt_tokens" and low is not None and value < low:
+            raise ValueError(f"max_prompt_tokens {value} < min_prompt_tokens {low}")
+        return value
+
+    @model_validator(mode="after")
+    def _dataset_complete(self) -> WorkloadSpec:
+        if self.dataset == "sharegpt" and self.dataset_path is None:
+            raise ValueError("dataset sharegpt needs dataset_path (a ShareGPT JSON or JSONL file)")
+        if self.dataset == "prefix-shared" and self.prefix_len >= self.input_len:
+            raise ValueError(f"prefix_len {self.prefix_len} must be < input_len {self.input_len} "
+                             "(each prompt needs a suffix of its own)")
+        return self
+
+
+def _known_metric(metric: str) -> str:
+    if metric not in THROUGHPUT_METRICS and not is_latency_metric(metric):
+        raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(THROUGHPUT_METRICS)} "
+                         "or a latency key like p99_ttft_ms")
+    return metric
+
+
+def natural_direction(metric: str) -> Literal["maximize", "minimize"]:
+    """Throughputs are maximized, latencies minimized."""
+    return "maximize" if metric in THROUGHPUT_METRICS else "minimize"
+
+
+class ObjectiveSpec(_Spec):
+    """What the search optimizes. `metric`: a throughput (`*_per_gpu` = divided by TP x PP)
+    or a latency key. `pareto_with`: further metrics for a multi-objective search (each in
+    its natural direction: throughputs up, latencies down); the study then holds a Pareto
+    front, `best --pareto` prints it, and `metric` still ranks `best`."""
+
+    metric: str = "output_throughput"
+    direction: Literal["maximize", "minimize"] = "maximize"
+    pareto_with: tuple[str, ...] = ()
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, metric: str) -> str:
+        return _known_metric(metric)
+
+    @field_validator("pareto_with")
+    @classmethod
+    def _known_all(cls, metrics: tuple[str, ...]) -> tuple[str, ...]:
+        for metric in metrics:
+            _known_metric(metric)
+        if len(set(metrics)) != len(metrics):
+            raise ValueError(f"repeats a metric: {list(metrics)}")
+        return metrics
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ObjectiveSpec:
+        if self.metric in self.pareto_with:
+            raise ValueError(f"pareto_with repeats the objective metric {self.metric}")
+        return self
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return (self.metric, *self.pareto_with)
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return (self.direction, *(natural_direction(m) for m in self.pareto_with))
+
+
+Sampler = Literal["tpe", "random", "grid", "nsga2"]
+
+
+class SearchSpec(_Spec):
+    """How Optuna searches. `sampler`: tpe (default; multivariate, constraint-aware), random,
+    grid (every combination of a small discrete space, then stops), nsga2 (multi-objective
+    evolutionary). `learn_from_failures`: configuration failures (infeasible, invalid_args,
+    oom_at_startup, startup_crash, unplaceable) are told to Optuna as violated constraints so
+    it leaves their region (off: plain FAIL, which TPE ignores). `trial_timeout_s`: deadline of one trial from the moment its
+    placement group is placed (start-up, warm-up and load; queueing for placement excluded),
+    FAIL(trial_timeout) past it. `requeue_interrupted`: a trial interrupted by a stopped or
+    killed driver runs again, as a new trial, when the sweep resumes. `stop_early`: end a
+    measured run (or a capacity step) as soon as its SLA is surely broken, i.e. broken even
+    if every remaining request took 0 ms (objective.surely_broken): the verdict is the one
+    the full run would give, at a fraction of its time. `repeats`: measured runs per trial
+    on the same server (fresh prompts each); the objective is their mean, with a 95%
+    confidence interval in the row; `sla_on: ci_upper` judges each SLA metric by the upper
+    end of its interval instead of its mean. A run whose SLA is surely broken ends the trial.
+    `confirm_top: k`: once the trials are done, the k best feasible configurations run once
+    more on fresh servers (confirmation runs), and `best` ranks the confirmed ones by the mean
+    of their measurements, dropping any whose re-measurement broke the SLA.
+    `screen: f`: before its measured run, each trial sends a short screening run of
+    ceil(f x num_prompts) fresh requests; the trial stops there as PRUNED when the screen
+    breaks an SLA limit by more than `screen_margin` (relative) or when Optuna's pruner
+    (tuner.FarFromBestPruner) finds its screen objective worse than the best feasible trial's
+    screen by more than `screen_margin`; the rest get the full run. Single objective only.
+    """
+
+    sampler: Sampler = "tpe"
+    n_trials: int = Field(default=10, gt=0)
+    seed: int = 0
+    baseline: bool = True
+    startup_trials: int | None = Field(default=None, ge=0)
+    trial_timeout_s: float | None = Field(default=None, gt=0)
+    requeue_interrupted: bool = False
+    stop_early: bool = True
+    learn_from_failures: bool = True
+    repeats: int = Field(default=1, ge=1, le=20)
+    confirm_top: int = Field(default=0, ge=0, le=10)
+    sla_on: Literal["mean", "ci_upper"] = "mean"
+    screen: float | None = Field(default=None, gt=0, lt=1)
+    screen_margin: float = Field(default=0.3, gt=0, le=10)
+
+    @property
+    def effective_startup_trials(self) -> int:
+        """Random trials before TPE models the space: given, else n_trials // 3 clamped to [2, 10]
+        (Optuna's fixed 10 would leave a 10-trial sweep with no model-guided trial at all)."""
+        if self.startup_trials is not None:
+            return self.startup_trials
+        return max(2, min(10, self.n_trials // 3))
+
+
+class CapacitySpec(_Spec):
+    """Capacity mode: each trial finds the highest request rate (requests/s) at which the SLA
+    holds on its running server (framework.trial.capacity: bracket from `start_rate` by doubling,
+    then bisect until the bracket is within `tolerance`), and that rate, `capacity_rps`, is
+    the objective. Each step sends round(rate x step_duration_s) requests (at least
+    `min_requests`, at most workload.num_prompts) with workload.burstiness arrivals."""
+
+    start_rate: float = Field(default=1.0, gt=0)
+    max_rate: float = Field(default=256.0, gt=0)
+    tolerance: float = Field(default=0.1, gt=0, lt=1)
+    max_steps: int = Field(default=8, ge=2, le=30)
+    step_duration_s: float = Field(default=15.0, gt=0)
+    min_requests: int = Field(default=20, gt=0)
+
+    @model_validator(mode="after")
+    def _rates(self) -> CapacitySpec:
+        if self.max_rate < self.start_rate:
+            raise ValueError(f"max_rate {self.max_rate} < start_rate {self.start_rate}")
+        return self
+
+
+class ClusterSpec(_Spec):
+    """Where trials run. `address: null` (and no RAY_ADDRESS) starts a private local Ray.
+
+    `max_concurrent_trials: null` runs as many trials side by side as the cluster can place,
+    except on the CPU engine, where it means 1: CPU trials share the same cores and would
+    distort each other's measurements. `cpus_per_worker`: CPUs of each CPU-engine bundle.
+    `num_cpus` / `num_gpus`: resources of the private local Ray (default: what Ray detects;
+    `num_gpus` on a machine without GPUs declares fake ones, for the fake engine).
+    `cache_dir`: the node-local directory for vLLM's compile cache and Hugging Face's files,
+    kept across jobs (default: $VLLM_SWEEP_CACHE_DIR, else `.cache` of the working directory
+    on a private local Ray and `~/.cache/vllm-sweep` on a joined cluster; `~` is expanded on
+    each node).
+    """
+
+    address: str | None = None
+    cache_dir: str | None = None
+    num_cpus: int | None = Field(default=None, gt=0)
+    num_gpus: int | None = Field(default=None, ge=0)
+    cpus_per_worker: int = Field(default=1, gt=0)
+    max_concurrent_trials: int | None = Field(default=None, gt=0)
+    retry_node_lost: bool = False  # run a trial whose node died once more, as a new trial
+
+
+class SweepSpec(_Spec):
+    name: str
+    model: Path
+    search_space: Path
+    engine: Literal["cpu", "gpu", "fake"] = "cpu"  # fake: FakeEngine, for scheduling tests
+    server: ServerSpec = ServerSpec()
+    gpu: str | None = None  # GPU type (feasibility.GPUS) for the memory model, engine gpu
+    workload: WorkloadSpec = WorkloadSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    sla: dict[str, float] = Field(default_factory=dict)
+    search: SearchSpec = SearchSpec()
+    capacity: CapacitySpec | None = None
+    cluster: ClusterSpec = ClusterSpec()
+    results_dir: Path = Path("results")
+
+    @property
+    def concurrent_trials(self) -> int | None:
+        """The cap on trials side by side (None = as many as the cluster can place)."""
+        if self.cluster.max_concurrent_trials is not None:
+            return self.cluster.max_concurrent_trials
+        return 1 if self.engine == "cpu" else None
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str | None) -> str | None:
+        from framework.engine.feasibility import GPUS
+
+        if gpu is not None and gpu not in GPUS:
+            raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
+        return gpu
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError("use letters, digits, '.', '_' or '-' (at most 64), starting with a "
+                             "letter or digit")
+        return name
+
+    @field_validator("sla")
+    @classmethod
+    def _sla_keys(cls, sla: dict[str, float]) -> dict[str, float]:
+        for key, limit in sla.items():
+            if key != "error_rate" and not is_latency_metric(key):
+                raise ValueError(f"SLA on unknown metric {key!r}; use latency keys like "
+                                 "p99_ttft_ms or error_rate")
+            if key == "error_rate" and not 0 <= limit <= 1:
+                raise ValueError(f"SLA limit for error_rate must be in [0, 1], got {limit}")
+            if key != "error_rate" and not limit > 0:
+                raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
+        return sla
+
+    @model_validator(mode="before")
+    @classmethod
+    def _capacity_objective(cls, data: Any) -> Any:
+        """With `capacity:` and no `objective:`, the objective is capacity_rps."""
+        if isinstance(data, dict) and data.get("capacity") is not None and "objective" not in data:
+            return {**data, "objective": {"metric": "capacity_rps", "direction": "maximize"}}
+        return data
+
+    @model_validator(mode="after")
+    def _capacity_consistent(self) -> SweepSpec:
+        uses = "capacity_rps" in self.objective.metrics
+        if self.capacity is None and uses:
+            raise ValueError("objective capacity_rps needs a capacity: section")
+        if self.capacity is not None:
+            if self.objective.metric != "capacity_rps" or self.objective.direction != "maximize":
+                raise ValueError("with capacity:, the objective is capacity_rps, maximized")
+            if not self.sla:
+                raise ValueError("capacity: needs an sla: the capacity is the highest rate at "
+                                 "which it holds")
+            if self.search.repeats > 1:
+                raise ValueError("search.repeats applies to fixed runs, not to capacity mode")
+        if self.search.screen is not None:
+            if self.capacity is not None:
+                raise ValueError("search.screen applies to fixed runs, not to capacity mode")
+            if len(self.objective.metrics) > 1:
+                raise ValueError("search.screen needs a single objective (Optuna prunes "
+                                 "single-objective studies only); drop objective.pareto_with")
+        return self
+
+    @model_validator(mode="after")
+    def _percentiles_cover_sla(self) -> SweepSpec:
+        have = {percentile_key(m, p) for m in LATENCY_METRICS for p in self.workload.percentiles}
+        for key in [*self.sla, *self.objective.metrics]:
+            if key.startswith("p") and key not in have:
+                raise ValueError(f"{key} needs percentile {key.split('_', 1)[0][1:]} in "
+                                 f"workload.percentiles {list(self.workload.percentiles)}")
+        return self
+
+
+def first_error(exc: ValidationError) -> tuple[str, Any, str]:
+    """The first error as (dotted key, value, reason); a SecretInSweep's key names the
+    entry and its value is HIDDEN."""
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, SecretInSweep):
+        return f"{key}.{cause.name}", HIDDEN, msg
+    return key, err.get("input"), msg
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Parse a YAML mapping; syntax errors, repeated keys and non-mappings become ConfigError."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), "(file)", str(path), exc.strerror or str(exc)) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(yaml)"
+        lines = text.splitlines()
+        source = lines[mark.line].strip() if mark and mark.line < len(lines) else None
+        raise ConfigError(str(path), where, source, f"YAML syntax error: "
+                          f"{getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "(top level)", type(data).__name__, "expected a mapping")
+    return data
+
+
+def load_sweep(path: Path) -> SweepSpec:
+    """Read and validate a sweep file; every problem is a one-line ConfigError."""
+    data = read_yaml(path)
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        key, value, msg = first_error(exc)
+        raise ConfigError(str(path), key, value, msg) from None

@@ -1,0 +1,159 @@
+"""FakeEngine: a named stand-in for vLLM's OpenAI server, for scheduling tests at a scale this
+machine cannot run for real (e.g. 4 nodes x 8 fake GPUs). It is NOT a model server.
+
+It honours the same contract as `engine.serve` (tests/test_engine_contract.py runs one suite
+against both): `serve(argv)` blocks the calling thread while serving `GET /health`,
+`GET /metrics` and streaming `POST /v1/completions` with `usage`; unknown or malformed flags
+raise TrialError(invalid_args) before anything listens; it stops when its process is killed.
+
+Latency is configurable through the environment (milliseconds unless named _S):
+FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS (5).
+At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
+With VLLM_API_KEY set, /v1 routes answer 401 without `Authorization: Bearer <key>`, as vLLM.
+Prefix caching (unless --no-enable-prefix-caching) is whole-prompt: a prompt seen before
+counts its tokens as hits in vllm:prefix_cache_hits_total; the command `reset_prefix_cache` on
+the control socket (framework.engine.control) empties it, as `engine.serve` resets vLLM's.
+Like vLLM, it dies at start-up when --num-gpu-blocks-override x --block-size (16) cannot hold
+one --max-model-len (2048) sequence.
+`on_ready(args)` is called once the server listens (the cluster module uses it to start one
+placeholder worker per placement-group bundle, as vLLM's Ray executor would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from framework.engine.control import serve_from_env
+from framework.base.errors import TrialError
+
+_FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
+                     "pipeline-parallel-size", "max-model-len", "distributed-executor-backend",
+                     "block-size", "gpu-memory-utilization", "kv-cache-dtype", "dtype",
+                     "load-format", "num-gpu-blocks-override")
+_BOOL_FLAGS = ("enable-chunked-prefill", "enable-prefix-caching", "enforce-eager")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fake-engine", exit_on_error=False)
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    for flag in _FLAGS_WITH_VALUE:
+        kind = int if flag.endswith(("size", "seqs", "tokens", "len", "override")) else str
+        p.add_argument(f"--{flag}", type=kind, default=None)
+    for flag in _BOOL_FLAGS:
+        p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser().parse_args(list(argv))
+    except (SystemExit, argparse.ArgumentError) as exc:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()] or [str(exc)]
+        raise TrialError("invalid_args", lines[-1]) from None
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = lambda _: None) -> None:
+    """Parse, wait the configured start-up time, then serve until the process is killed."""
+    args = parse_args(argv)
+    time.sleep(_env_float("FAKE_ENGINE_STARTUP_S", 1.0))
+    blocks, block = args.num_gpu_blocks_override, args.block_size or 16
+    max_len = args.max_model_len or 2048
+    if blocks is not None and blocks * block < max_len:
+        raise RuntimeError(  # vLLM's own words (v1/core/kv_cache_utils.py)
+            f"To serve at least one request with the model's max seq len ({max_len}), "
+            f"({max_len * 1024} bytes KV cache is needed, which is larger than the available "
+            f"KV cache memory ({blocks * block * 1024} bytes).")
+    on_ready(args)
+    asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    ttft = _env_float("FAKE_ENGINE_TTFT_MS", 20.0) / 1000
+    tpot = _env_float("FAKE_ENGINE_TPOT_MS", 5.0) / 1000
+    slots = asyncio.Semaphore(args.max_num_seqs or 128)
+    counters = {"running": 0, "waiting": 0, "generated": 0, "queries": 0, "hits": 0}
+    cached: set[str] = set()  # prompts seen: a whole-prompt prefix cache
+    caching = args.enable_prefix_caching is not False
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def metrics(_: web.Request) -> web.Response:
+        text = (f"vllm:num_requests_running {counters['running']}\n"
+                f"vllm:num_requests_waiting {counters['waiting']}\n"
+                f"vllm:generation_tokens_total {counters['generated']}\n"
+                f"vllm:prefix_cache_queries_total {counters['queries']}\n"
+                f"vllm:prefix_cache_hits_total {counters['hits']}\n"
+                "vllm:kv_cache_usage_perc 0.0\nvllm:num_preemptions_total 0\n")
+        return web.Response(text=text, content_type="text/plain")
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n_out = int(body.get("max_tokens") or 16)
+        prompt = str(body.get("prompt", ""))
+        prompt_tokens = max(1, len(prompt.split()))
+        if caching:
+            counters["queries"] += prompt_tokens
+            counters["hits"] += prompt_tokens if prompt in cached else 0
+            cached.add(prompt)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        counters["waiting"] += 1
+        async with slots:
+            counters["waiting"] -= 1
+            counters["running"] += 1
+            try:
+                await asyncio.sleep(ttft)
+                for i in range(n_out):
+                    if i:
+                        await asyncio.sleep(tpot)
+                    chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": None}]}
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    counters["generated"] += 1
+            finally:
+                counters["running"] -= 1
+        usage = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_out,
+                                          "total_tokens": prompt_tokens + n_out}}
+        await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        return resp
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler):
+        """As vLLM: with VLLM_API_KEY set, /v1 routes need `Authorization: Bearer <key>`."""
+        key = os.environ.get("VLLM_API_KEY")
+        if key and request.path.startswith("/v1") and \
+                request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    loop = asyncio.get_running_loop()
+    control = serve_from_env({"reset_prefix_cache":
+                              lambda: bool(loop.call_soon_threadsafe(cached.clear))})
+    app = web.Application(middlewares=[authenticate])
+    app.add_routes([web.get("/health", health), web.get("/metrics", metrics),
+                    web.post("/v1/completions", completions)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if control is not None:
+            control.close()

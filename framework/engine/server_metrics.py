@@ -1,0 +1,198 @@
+"""vLLM's Prometheus ``/metrics`` during a measured run: a sampler thread and a pure summary.
+
+The sampler fetches ``GET {base_url}/metrics`` every ``interval_s`` (0.5 s) from its own
+thread with the standard library, keeps only the lines of WATCHED, and parses them with
+``prometheus_client.parser.text_string_to_metric_families``. Its cost, measured on the
+project's 2-core machine against the tiny model: ~0.55 ms of client CPU per sample (fetch
+~0.33 ms + filtered parse ~0.22 ms; parsing the whole ~58 KB text would be ~7 ms) and ~4 ms
+of the vLLM API server's CPU to render the page, i.e. ~0.1% and ~0.8% of one core at 2 Hz.
+The thread's own CPU time is reported (``SamplerResult.cpu_s``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
+QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
+WATCHED: tuple[str, ...] = (
+    KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, QUEUE_SUM, QUEUE_COUNT
+)
+
+# The summary's keys and their column kinds (framework.results.store), in row order.
+SERVER_METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("kv_cache_usage_max", "float"),
+    ("kv_cache_usage_mean", "float"),
+    ("preemptions", "int"),
+    ("prefix_cache_hit_rate", "float"),
+    ("waiting_requests_max", "int"),
+    ("running_requests_max", "int"),
+    ("queue_time_mean_s", "float"),
+)
+
+DEFAULT_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scrape: the clock at the scrape and the WATCHED values found in it."""
+
+    t_s: float
+    values: Mapping[str, float]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """WATCHED values in Prometheus exposition ``text``, each aggregated over its label sets.
+
+    ``vllm:kv_cache_usage_perc`` (a fraction 0..1 per engine) takes the max over label sets;
+    every other value is summed (requests and counters of several engines add up). Names
+    absent from the text are absent from the result. Lines of other metrics (and histogram
+    buckets) are dropped before parsing, which keeps a scrape cheap.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    kept = "\n".join(line for line in text.splitlines() if line.startswith(WATCHED))
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(kept + "\n"):
+        for sample in family.samples:
+            if sample.name not in WATCHED:
+                continue
+            if sample.name == KV_USAGE:
+                values[KV_USAGE] = max(values.get(KV_USAGE, sample.value), sample.value)
+            else:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+def _delta(samples: Sequence[Sample], name: str) -> float | None:
+    """Last minus first value of a counter over the samples holding it (>= 0); None if < 2."""
+    seen = [s.values[name] for s in samples if name in s.values]
+    if len(seen) < 2:
+        return None
+    return max(0.0, seen[-1] - seen[0])
+
+
+def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
+    """The run's server-side summary from its samples (the first taken before the load starts,
+    the last after it ends). Keys are those of SERVER_METRIC_COLUMNS; None where undefined.
+
+    - kv_cache_usage_max / _mean: max / mean of vllm:kv_cache_usage_perc over the samples
+    - preemptions: delta of vllm:num_preemptions_total (last - first)
+    - prefix_cache_hit_rate: delta hits / delta queries (None if no query in the run)
+    - waiting_requests_max / running_requests_max: max of vllm:num_requests_waiting / _running
+    - queue_time_mean_s: delta sum / delta count of vllm:request_queue_time_seconds
+      (None if no request left the queue in the run)
+    Counter deltas need two samples; a counter that went down (server restart) counts 0.
+    """
+
+    def gauge(name: str) -> list[float]:
+        return [s.values[name] for s in samples if name in s.values]
+
+    kv = gauge(KV_USAGE)
+    waiting = gauge(WAITING)
+    running = gauge(RUNNING)
+    preemptions = _delta(samples, PREEMPTIONS)
+    queries = _delta(samples, PREFIX_QUERIES)
+    hits = _delta(samples, PREFIX_HITS)
+    queue_sum = _delta(samples, QUEUE_SUM)
+    queue_count = _delta(samples, QUEUE_COUNT)
+    return {
+        "kv_cache_usage_max": max(kv) if kv else None,
+        "kv_cache_usage_mean": sum(kv) / len(kv) if kv else None,
+        "preemptions": None if preemptions is None else int(preemptions),
+        "prefix_cache_hit_rate": hits / queries if queries and hits is not None else None,
+        "waiting_requests_max": int(max(waiting)) if waiting else None,
+        "running_requests_max": int(max(running)) if running else None,
+        "queue_time_mean_s": (queue_sum / queue_count
+                              if queue_count and queue_sum is not None else None),
+    }
+
+
+def fetch_text(url: str, timeout_s: float) -> str:
+    """Body of ``GET url`` as text (urllib; raises on any HTTP or connection error)."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return resp.read().decode("utf-8", errors="replace")
+
+
+@dataclass
+class SamplerResult:
+    """What a sampler collected: its samples, failed scrapes (text of the last) and its CPU."""
+
+    samples: list[Sample] = field(default_factory=list)
+    errors: int = 0
+    last_error: str = ""
+    cpu_s: float = 0.0
+
+
+class MetricsSampler:
+    """Samples ``{base_url}/metrics`` from a daemon thread between ``start()`` and ``stop()``.
+
+    ``start()`` scrapes once before returning (the baseline for counter deltas), ``stop()``
+    once more after the thread ends, so the samples bracket the run. A failed scrape is
+    counted, never raised. ``fetch`` and ``clock`` can be replaced (tests).
+    """
+
+    def __init__(self, base_url: str, interval_s: float = DEFAULT_INTERVAL_S,
+                 timeout_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 fetch: Callable[[str, float], str] = fetch_text) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.url = f"{base_url.rstrip('/')}/metrics"
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self._clock, self._fetch = clock, fetch
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.result = SamplerResult()
+
+    def _scrape(self) -> None:
+        cpu0 = time.thread_time()
+        try:
+            t_s = self._clock()
+            sample = Sample(t_s=t_s, values=parse_metrics(self._fetch(self.url, self.timeout_s)))
+            with self._lock:
+                self.result.samples.append(sample)
+        except Exception as exc:  # a failed scrape is data: counted, never raised
+            with self._lock:
+                self.result.errors += 1
+                self.result.last_error = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            self.result.cpu_s += time.thread_time() - cpu0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._scrape()
+
+    def start(self) -> MetricsSampler:
+        if self._thread is not None:
+            raise RuntimeError("sampler already started")
+        self._scrape()
+        self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> SamplerResult:
+        """Stop the thread, take the final sample and return everything collected."""
+        if self._thread is None:
+            raise RuntimeError("sampler not started")
+        self._stop.set()
+        self._thread.join()
+        self._scrape()
+        return self.result
+
+    def __enter__(self) -> MetricsSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None and not self._stop.is_set():
+            self.stop()

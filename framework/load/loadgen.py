@@ -1,0 +1,388 @@
+"""Open-loop load generator for vLLM's OpenAI completions and chat endpoints (streaming, SSE).
+
+Measures what `vllm bench serve --backend openai` (``openai-chat`` for chat) measures: send
+time, the time of every SSE message carrying non-empty ``choices`` ("content chunks"; for
+chat this includes vLLM's first, role-only delta, as vLLM's client counts it), and token
+counts from the final ``usage`` message. Failures are returned as records, never raised.
+
+The streaming requests use framework.load.http_client (keep-alive pool on asyncio protocols,
+parsing by httptools) instead of aiohttp's client: a streamed chunk is parsed and timed
+inside ``data_received``, with no task wake-up, which halved the client's CPU per output
+token (see that module). aiohttp is still used for the /health poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+
+from framework.load.http_client import Connection, ConnectionPool
+from framework.load.workload import RequestSpec
+
+Clock = Callable[[], float]
+Endpoint = Literal["completions", "chat"]
+
+ERROR_BODY_CHARS = 500
+HEALTH_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """Outcome of one request; all times are absolute values of the run's clock.
+
+    ``ttft_s`` = first content chunk - ``send_s``; ``end_s`` = last content chunk for a
+    success (vLLM's latency end), the clock when the failure was seen otherwise.
+    """
+
+    index: int
+    send_s: float
+    ttft_s: float | None
+    chunk_s: tuple[float, ...]
+    end_s: float | None
+    prompt_tokens: int
+    output_tokens: int
+    success: bool
+    error: str = ""
+
+    @property
+    def e2el_s(self) -> float | None:
+        """end_s - send_s; None for a failed request."""
+        if not self.success or self.end_s is None:
+            return None
+        return self.end_s - self.send_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(e2el - ttft) / (output_tokens - 1); None if failed or output_tokens <= 1."""
+        e2el = self.e2el_s
+        if e2el is None or self.ttft_s is None or self.output_tokens <= 1:
+            return None
+        return (e2el - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def itl_s(self) -> tuple[float, ...]:
+        """Gaps between consecutive content chunks (len(chunk_s) - 1 values)."""
+        return tuple(b - a for a, b in zip(self.chunk_s, self.chunk_s[1:]))
+
+
+@dataclass(frozen=True, repr=False)
+class LoadResult:
+    """The records of the requests sent in one run, in request order, and the run's clock span.
+
+    ``not_sent`` counts requests skipped because the run's duration bound had passed.
+    """
+
+    records: tuple[RequestRecord, ...]
+    start_s: float
+    end_s: float
+    not_sent: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        """end_s - start_s: from before the first send to after the last record."""
+        return self.end_s - self.start_s
+
+    def __repr__(self) -> str:
+        # Short on purpose: asyncio.run() formats repr(main task) -- and so the repr of its
+        # result -- twice while restoring the SIGINT handler; a full repr of 300 records
+        # costs ~13 ms each time.
+        ok = sum(r.success for r in self.records)
+        return (f"LoadResult({len(self.records)} records, {ok} ok, not_sent={self.not_sent}, "
+                f"start_s={self.start_s}, end_s={self.end_s})")
+
+
+def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, Any]:
+    """JSON body of one streaming completion request."""
+    return {
+        "model": model,
+        "prompt": spec.prompt,
+        "max_tokens": spec.output_len,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+
+
+def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, Any]:
+    """JSON body of one streaming chat completion request: the prompt as one user message."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": spec.prompt}],
+        "max_completion_tokens": spec.output_len,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+
+
+ENDPOINTS: dict[str, tuple[str, Callable[[str, RequestSpec, bool], dict[str, Any]]]] = {
+    "completions": ("/v1/completions", completion_payload),
+    "chat": ("/v1/chat/completions", chat_payload),
+}
+
+
+def error_text(error: Any) -> str:
+    """Readable text of an ``error`` object from an SSE event."""
+    if isinstance(error, dict):
+        message = error.get("message") or json.dumps(error)
+        kind = error.get("type") or error.get("code")
+        if kind:
+            return f"server error in stream ({kind}): {message}"
+        return f"server error in stream: {message}"
+    return f"server error in stream: {error}"
+
+
+# Byte patterns that cannot occur inside a JSON string value (its quotes are escaped), so a
+# message holding CONTENT_MARK but neither other mark is a content chunk without usage or
+# error: it is timed without being parsed (parsing was half of the client's CPU per chunk).
+# Servers that format JSON with spaces or send "usage": null simply take the parsing path.
+CONTENT_MARK, USAGE_MARK, ERROR_MARK = b'"choices":[{', b'"usage"', b'"error"'
+
+
+class SSEState:
+    """What one SSE stream has said so far; fed with body bytes as they arrive.
+
+    Only ``data:`` lines count (blank lines, ``:`` comments and other fields are skipped).
+    A message with non-empty ``choices`` is a content chunk (its time is ``clock()`` when
+    its line is fed); ``usage`` gives the token counts; ``[DONE]`` or an ``error`` object
+    sets ``done`` (the latter also ``error``); later lines are ignored. A message that is
+    not valid JSON raises ValueError, unless it is recognized as a plain content chunk by
+    CONTENT_MARK (then it is not parsed).
+    """
+
+    __slots__ = ("clock", "chunks", "prompt_tokens", "output_tokens", "usage_seen", "error",
+                 "done", "_tail")
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.chunks: list[float] = []
+        self.prompt_tokens = self.output_tokens = 0
+        self.usage_seen = self.done = False
+        self.error = ""
+        self._tail = b""
+
+    def feed(self, block: bytes) -> None:
+        """Body bytes, split anywhere; complete lines are handled now, the rest kept."""
+        lines = (self._tail + block).split(b"\n") if self._tail else block.split(b"\n")
+        self._tail = lines.pop()
+        for line in lines:
+            if self.done:
+                return
+            self.line(line)
+
+    def end(self) -> None:
+        """The body ended: handle a last line without a newline."""
+        if self._tail and not self.done:
+            self.line(self._tail)
+        self._tail = b""
+
+    def line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if not data:
+            return
+        if data == b"[DONE]":
+            self.done = True
+            return
+        if CONTENT_MARK in data and USAGE_MARK not in data and ERROR_MARK not in data:
+            self.chunks.append(self.clock())  # a plain content chunk: nothing else to read
+            return
+        message = json.loads(data)
+        if not isinstance(message, dict):
+            return
+        if message.get("error"):
+            self.error = error_text(message["error"])
+            self.done = True
+            return
+        if message.get("choices"):
+            self.chunks.append(self.clock())
+        usage = message.get("usage")
+        if usage:
+            self.usage_seen = True
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.output_tokens = int(usage.get("completion_tokens") or 0)
+
+
+async def stream_one(
+    pool: ConnectionPool,
+    path: str,
+    index: int,
+    payload: dict[str, Any],
+    timeout_s: float,
+    clock: Clock,
+) -> RequestRecord:
+    """Send one streaming request on a pooled connection and read its SSE stream into a record.
+
+    Clock calls: one at send (before a connection is taken, as vllm bench times it), one per
+    content chunk, one more if the request fails. The connection is reused only after a
+    complete, successful keep-alive response.
+    """
+    state = SSEState(clock)
+    error = ""
+    send_s = clock()
+    conn: Connection | None = None
+    reuse = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            conn = await pool.get()
+            reader = await conn.exchange(pool.request(path, json.dumps(payload).encode()),
+                                         state.feed)
+            if reader.status == 200:
+                state.end()
+                error = state.error
+            else:
+                body = reader.error_body.decode("utf-8", errors="replace")[:ERROR_BODY_CHARS]
+                error = f"HTTP {reader.status} {reader.reason}: {body}".strip()
+            reuse = reader.keep_alive and not error
+    except TimeoutError:
+        error = f"timeout after {timeout_s} s"
+    except Exception as exc:  # any failure of one request is data, not a crash of the run
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if conn is not None:
+            pool.put(conn, reuse)
+
+    chunks = state.chunks
+    prompt_tokens, output_tokens = state.prompt_tokens, state.output_tokens
+    if not error and not chunks:
+        error = "no content chunk in stream"
+    if not error and not state.usage_seen:
+        error = "no usage in stream"
+    ttft_s = chunks[0] - send_s if chunks else None
+    if error:
+        return RequestRecord(
+            index=index,
+            send_s=send_s,
+            ttft_s=ttft_s,
+            chunk_s=tuple(chunks),
+            end_s=clock(),
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            success=False,
+            error=error,
+        )
+    return RequestRecord(
+        index=index,
+        send_s=send_s,
+        ttft_s=ttft_s,
+        chunk_s=tuple(chunks),
+        end_s=chunks[-1],
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        success=True,
+    )
+
+
+async def run_load(
+    base_url: str,
+    model: str,
+    requests: Sequence[RequestSpec],
+    *,
+    arrivals: Sequence[float] | None = None,
+    max_concurrency: int | None = None,
+    ignore_eos: bool = True,
+    timeout_s: float = 300.0,
+    clock: Clock = time.perf_counter,
+    on_done: Callable[[RequestRecord], None] | None = None,
+    endpoint: Endpoint = "completions",
+    duration_s: float | None = None,
+    api_key: str | None = None,
+) -> LoadResult:
+    """Send ``requests`` to ``base_url`` + ENDPOINTS[endpoint] and record each one.
+
+    Request i becomes ready at ``arrivals[i]`` seconds after the start (all at once if
+    None; pacing uses the event loop's clock, measurement uses ``clock``), then waits for
+    one of ``max_concurrency`` slots (unbounded if None) before it is sent. With
+    ``duration_s``, a request not sent within ``duration_s`` of the start is skipped (no
+    record, counted in ``not_sent``); requests in flight finish. Keep-alive connections are
+    pooled (at most one per request in flight); ``timeout_s`` bounds each request.
+    ``on_done`` gets every record as it finishes. ``api_key``: see ``ConnectionPool``.
+    Records are returned in request order.
+    """
+    if arrivals is not None and len(arrivals) != len(requests):
+        raise ValueError(f"{len(arrivals)} arrivals for {len(requests)} requests")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0 or None, got {duration_s}")
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
+    path, make_payload = ENDPOINTS[endpoint]
+    pool = ConnectionPool(base_url, api_key)
+    offsets = list(arrivals) if arrivals is not None else [0.0] * len(requests)
+    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    loop = asyncio.get_running_loop()
+    deadline = math.inf if duration_s is None else duration_s
+
+    async def one(index: int, spec: RequestSpec, loop_start: float) -> RequestRecord | None:
+        if offsets[index] >= deadline:
+            return None
+        delay = loop_start + offsets[index] - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        payload = make_payload(model, spec, ignore_eos)
+        if semaphore is None:
+            record = await stream_one(pool, path, index, payload, timeout_s, clock)
+        else:
+            async with semaphore:
+                if loop.time() - loop_start >= deadline:
+                    return None
+                record = await stream_one(pool, path, index, payload, timeout_s, clock)
+        if on_done is not None:
+            on_done(record)
+        return record
+
+    try:
+        start_s = clock()
+        loop_start = loop.time()
+        tasks = [asyncio.create_task(one(i, spec, loop_start)) for i, spec in enumerate(requests)]
+        outcomes = await asyncio.gather(*tasks)
+        end_s = clock()
+    finally:
+        pool.close()
+    records = tuple(r for r in outcomes if r is not None)
+    return LoadResult(
+        records=records, start_s=start_s, end_s=end_s, not_sent=len(outcomes) - len(records)
+    )
+
+
+async def wait_ready(
+    base_url: str,
+    timeout_s: float,
+    is_alive: Callable[[], bool] | None = None,
+    clock: Clock = time.monotonic,
+) -> bool:
+    """Poll ``GET {base_url}/health`` every 0.5 s.
+
+    True on the first 200; False once ``is_alive()`` returns False or ``timeout_s``
+    (measured with ``clock``) has passed.
+    """
+    url = f"{base_url.rstrip('/')}/health"
+    deadline = clock() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if is_alive is not None and not is_alive():
+                return False
+            remaining = deadline - clock()
+            if remaining <= 0:
+                return False
+            try:
+                poll_timeout = aiohttp.ClientTimeout(total=max(0.1, min(remaining, 5.0)))
+                async with session.get(url, timeout=poll_timeout) as resp:
+                    if resp.status == 200:
+                        return True
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(min(HEALTH_POLL_S, max(0.0, deadline - clock())))

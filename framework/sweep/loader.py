@@ -1,0 +1,249 @@
+"""A validated sweep: its spec, its search space, the servers' environment and the load plan."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from framework.base.errors import ConfigError
+from framework.trial.objective import goodput_slo_ms
+from framework.engine.flag_check import installed_vllm_flags, unknown_flag
+from framework.engine.model_info import read_model_info
+from framework.engine.feasibility import GPUS, Feasibility, ModelFacts, check, check_cpu, read_model_facts
+from framework.config.search_space import (
+    CategoricalParam,
+    IntParam,
+    SearchSpace,
+    grid_values,
+    load_search_space,
+)
+from framework.config.specs import Scalar, SweepSpec, WorkloadSpec, load_sweep
+from framework.results.store import ResultStore
+from framework.trial.capacity import CapacitySettings
+from framework.trial.measure import CapacityPlan, LoadPlan
+from framework.load.workload import Dataset, arrival_offsets, load_tokenizer
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated sweep: its spec, its search space, where the sweep file was, and the
+    model's architecture facts (None for the fake engine without a `gpu`)."""
+
+    path: Path
+    spec: SweepSpec
+    space: SearchSpace
+    facts: ModelFacts | None = None
+
+    @property
+    def store(self) -> ResultStore:
+        return ResultStore(self.spec.results_dir, self.spec.name)
+
+
+def load(path: Path, check_flags: bool = True) -> Sweep:
+    """Load and cross-check a sweep and its search space (ConfigError on any problem): files,
+    model facts (TP divides the heads), and, with `check_flags` (run, validate), flag names
+    against the installed vLLM and the API key's environment variable."""
+    spec = load_sweep(path)
+    if not spec.search_space.is_file():
+        raise ConfigError(str(path), "search_space", str(spec.search_space), "file not found")
+    space = load_search_space(spec.search_space)
+    if not (spec.model / "config.json").is_file():
+        raise ConfigError(str(path), "model", str(spec.model),
+                          "no config.json there (for the quickstart model run `make model`)")
+    if spec.search.baseline and space.missing_defaults():
+        raise ConfigError(str(spec.search_space), f"parameters.{space.missing_defaults()[0]}.default",
+                          None, "search.baseline is on, so every parameter needs vLLM's default")
+    for name in space.parameters:
+        if name in ("model", "host", "port"):
+            raise ConfigError(str(spec.search_space), f"parameters.{name}", name,
+                              "set by vllm-sweep, cannot be searched")
+        if name.lstrip("-").replace("_", "-").lower() == "api-key":
+            raise ConfigError(str(spec.search_space), f"parameters.{name}", "<hidden>",
+                              "an API key is not a parameter; name its variable in "
+                              "server.api_key_env")
+    name = spec.server.api_key_env
+    if check_flags and name is not None and not os.environ.get(name):
+        raise ConfigError(str(path), "server.api_key_env", name,
+                          f"environment variable {name} is not set (it holds the servers' API key)")
+    if spec.capacity is not None and "request-rate" in space.run_params:
+        raise ConfigError(str(spec.search_space), "parameters.request-rate", "kind: run",
+                          "capacity mode searches the request rate itself; drop this parameter")
+    if spec.search.sampler == "grid":
+        try:
+            grid_values(space)
+        except ValueError as exc:
+            raise ConfigError(str(path), "search.sampler", "grid", str(exc)) from None
+    facts = None
+    if spec.engine != "fake" or spec.gpu is not None:
+        facts = read_model_facts(spec.model, str(path))
+    if spec.engine != "fake":  # FakeEngine serves no model and is no vLLM
+        _check_tensor_parallel(path, spec, space)
+        if check_flags:
+            _check_vllm_flags(path, spec, space)
+    return Sweep(path=path, spec=spec, space=space, facts=facts)
+
+
+def feasibility(sw: Sweep, flags: Mapping[str, Scalar | None],
+                devices: int | None) -> Feasibility | None:
+    """The memory model and static rules for one trial's flags (None when not applicable:
+    a GPU sweep without `gpu:`, or the fake engine without one). CPU engine: the KV space is
+    VLLM_CPU_KVCACHE_SPACE GiB of the servers' environment."""
+    if sw.facts is None:
+        return None
+    if sw.spec.engine == "cpu":
+        kv_gib = float(server_env(sw.spec).get("VLLM_CPU_KVCACHE_SPACE", "4"))
+        return check_cpu(sw.facts, kv_gib, flags, devices)
+    if sw.spec.gpu is None:
+        return None
+    return check(sw.facts, GPUS[sw.spec.gpu], flags, devices)
+
+
+def _tp_values(space: SearchSpace) -> list[int]:
+    param = space.parameters.get("tensor-parallel-size")
+    if isinstance(param, CategoricalParam):
+        return [int(c) for c in param.choices]
+    if isinstance(param, IntParam):
+        return list(range(param.low, param.high + 1, param.step))
+    return []
+
+
+def _check_tensor_parallel(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
+    """Every TP value the sweep can use must shard the model's attention and KV heads."""
+    info = read_model_info(spec.model, str(path))
+    fixed = spec.server.args.get("tensor-parallel-size")
+    if fixed is not None and (problem := info.tp_problem(int(fixed))):
+        raise ConfigError(str(path), "server.args.tensor-parallel-size", fixed, problem)
+    for tp in _tp_values(space):
+        if problem := info.tp_problem(tp):
+            raise ConfigError(str(spec.search_space), "parameters.tensor-parallel-size", tp, problem)
+
+
+def _check_vllm_flags(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
+    """Fixed args and searched parameters must be flags of the installed vLLM."""
+    known = installed_vllm_flags()
+    if known is None:
+        return
+    if bad := unknown_flag(spec.server.args, known):
+        raise ConfigError(str(path), f"server.args.{bad[0]}", bad[0], bad[1])
+    if bad := unknown_flag(space.server_params(space.parameters), known):
+        raise ConfigError(str(spec.search_space), f"parameters.{bad[0]}", bad[0], bad[1])
+
+
+CACHE_DIR_VAR = "VLLM_SWEEP_CACHE_DIR"
+
+
+def cache_dir(spec: SweepSpec, local: bool = True) -> str:
+    """The servers' node-local cache directory (vLLM's compile cache, Hugging Face's files),
+    kept across jobs: `cluster.cache_dir`, else $VLLM_SWEEP_CACHE_DIR, else `.cache` of the
+    working directory on a private local Ray (`local`) and `~/.cache/vllm-sweep` on a joined
+    cluster, where a job's working directory is temporary. A leading `~` is left for each
+    node to expand (the server actor does)."""
+    chosen = spec.cluster.cache_dir or os.environ.get(CACHE_DIR_VAR)
+    if chosen:
+        return chosen if chosen.startswith("~") else str(Path(chosen).resolve())
+    return str(Path(".cache").resolve()) if local else "~/.cache/vllm-sweep"
+
+
+def server_env(spec: SweepSpec, local: bool = True) -> dict[str, str]:
+    """Environment of every server: offline, caches in `cache_dir`, then the sweep's env.
+    VLLM_SWEEP_CACHE_DIR is what the server actor turns into VLLM_CACHE_ROOT and HF_HOME on
+    its node."""
+    env = {
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1", CACHE_DIR_VAR: cache_dir(spec, local),
+    }
+    if os.environ.get("RAY_AUTH_MODE"):
+        env["RAY_AUTH_MODE"] = os.environ["RAY_AUTH_MODE"]
+    if spec.engine == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env.update(spec.server.env)
+    return env
+
+
+SCREEN_SEED = 3000  # the screening run's requests and arrivals: workload seed + this
+
+
+def load_plan(spec: SweepSpec) -> LoadPlan:
+    """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
+    `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs; in
+    capacity mode one request set per rate step (seeds `seed + 1000 + step`); repeats
+    `seed + 2000 + r`; the screening run `seed + 3000`."""
+    w = spec.workload
+    try:
+        tok = load_tokenizer(w.tokenizer or spec.model)
+    except FileNotFoundError as exc:
+        key = "workload.tokenizer" if w.tokenizer else "model"
+        raise ConfigError(spec.name, key, str(w.tokenizer or spec.model),
+                          f"{exc} (set workload.tokenizer to a folder with tokenizer.json)") from None
+    dataset = Dataset(name=w.dataset, input_len=w.input_len, output_len=w.output_len,
+                      range_ratio=w.range_ratio, path=w.dataset_path,
+                      min_prompt_tokens=w.min_prompt_tokens, max_prompt_tokens=w.max_prompt_tokens,
+                      prefix_len=w.prefix_len, prefix_groups=w.prefix_groups)
+    try:
+        measured = dataset.requests(tok, w.num_prompts, w.seed)
+        warmup = dataset.requests(tok, w.warmup_requests, w.seed + 1) if w.warmup_requests else []
+    except ValueError as exc:
+        raise ConfigError(str(w.dataset_path or "workload"), "workload.dataset", w.dataset,
+                          str(exc)) from None
+    arrivals = _arrivals(w, w.num_prompts, w.seed)
+    screen, screen_arrivals = [], None
+    if spec.search.screen is not None:
+        n = math.ceil(spec.search.screen * w.num_prompts)
+        screen = dataset.requests(tok, n, w.seed + SCREEN_SEED)
+        screen_arrivals = _arrivals(w, n, w.seed + SCREEN_SEED)
+    capacity = None
+    if spec.capacity is not None:
+        c = spec.capacity
+        settings = CapacitySettings(start_rate=c.start_rate, max_rate=c.max_rate,
+                                    tolerance=c.tolerance, max_steps=c.max_steps,
+                                    step_duration_s=c.step_duration_s,
+                                    min_requests=min(c.min_requests, w.num_prompts),
+                                    max_requests=w.num_prompts)
+        steps = [dataset.requests(tok, w.num_prompts, w.seed + 1000 + i)
+                 for i in range(c.max_steps)]
+        capacity = CapacityPlan(settings=settings, step_requests=steps,
+                                burstiness=w.burstiness, seed=w.seed, sla=dict(spec.sla))
+    return LoadPlan(model=str(spec.model), warmup=warmup, measured=measured, arrivals=arrivals,
+                    max_concurrency=w.max_concurrency, ignore_eos=w.ignore_eos,
+                    request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
+                    goodput_slo_ms=goodput_slo_ms(spec.sla),
+                    startup_timeout_s=spec.server.startup_timeout_s, endpoint=w.endpoint,
+                    duration_s=w.duration_s, trial_timeout_s=spec.search.trial_timeout_s,
+                    api_key=api_key(spec),
+                    request_rate=None if math.isinf(w.request_rate) else w.request_rate,
+                    capacity=capacity,
+                    sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None,
+                    repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
+                                     for r in range(1, spec.search.repeats)],
+                    screen=screen, screen_arrivals=screen_arrivals)
+
+
+def _arrivals(w: WorkloadSpec, n: int, seed: int) -> list[float] | None:
+    """Send offsets of n requests at the workload's request rate and burstiness (None:
+    unpaced, request rate inf)."""
+    rate = float(w.request_rate)
+    return None if math.isinf(rate) else arrival_offsets(n, rate, float(w.burstiness), seed)
+
+
+def with_run_settings(plan: LoadPlan, spec: SweepSpec, settings: Mapping[str, Scalar]) -> LoadPlan:
+    """`plan` with a trial's run settings (workload field -> value, search_space.RUN_SETTINGS)
+    in place of the workload's: concurrency, and the arrivals of its request rate and
+    burstiness (drawn with the workload's seed, as load_plan does). Pure."""
+    if not settings:
+        return plan
+    w = spec.workload.model_copy(update=dict(settings))
+    rate = float(w.request_rate)
+    screen_arrivals = _arrivals(w, len(plan.screen), w.seed + SCREEN_SEED) if plan.screen else None
+    return replace(plan, max_concurrency=w.max_concurrency,
+                   arrivals=_arrivals(w, len(plan.measured), w.seed),
+                   request_rate=None if math.isinf(rate) else rate,
+                   screen_arrivals=screen_arrivals)
+
+
+def api_key(spec: SweepSpec) -> str | None:
+    """The servers' API key, read from the driver's environment (never from a file)."""
+    name = spec.server.api_key_env
+    return os.environ.get(name) or None if name else None

@@ -1,0 +1,264 @@
+"""The measured part of a trial, on a server that is ready: one load run, or capacity mode's
+rate steps. No Ray; everything is bounded by the trial's deadline.
+
+A run's records are kept as they finish (`Measurement`), so a run cut short by the deadline
+or by the server dying still leaves its finished requests. Capacity mode (framework.trial.capacity)
+measures rate steps on the same server; a step's SLA verdict is framework.trial.objective's; the
+trial's metrics are those of the highest rate that held (of the lowest rate tried when none
+held) plus `capacity_rps` and `capacity_steps`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from framework.trial.capacity import CapacitySettings, capacity, next_rate, requests_for
+from framework.base.errors import TrialError
+from framework.load.loadgen import LoadResult, RequestRecord, run_load
+from framework.load.metrics import compute_metrics
+from framework.trial.objective import evaluate, surely_broken
+from framework.load.workload import RequestSpec, arrival_offsets
+
+Phase = Callable[[str], None]
+
+
+class Deadline:
+    """The whole-trial deadline, checked by the trial's own thread between and within phases
+    (no timer thread: stopping a server from another thread raced Ray's shutdown)."""
+
+    def __init__(self, limit_s: float | None, clock: Callable[[], float]) -> None:
+        self.limit_s, self.clock = limit_s, clock
+        self.at = math.inf if limit_s is None else clock() + limit_s
+
+    def left(self) -> float:
+        return self.at - self.clock()
+
+    def bound(self, timeout_s: float) -> float:
+        return max(0.0, min(timeout_s, self.left()))
+
+    def check(self, doing: str) -> None:
+        if self.left() <= 0:
+            raise TrialError("trial_timeout", f"trial exceeded its {self.limit_s:g} s deadline "
+                             f"while {doing}")
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """Capacity mode's steps: request sets drawn ahead (one per step, different seeds, so no
+    step replays another's prompts), arrivals' burstiness and seed, the SLA to hold."""
+
+    settings: CapacitySettings
+    step_requests: Sequence[Sequence[RequestSpec]]
+    burstiness: float
+    seed: int
+    sla: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The load every trial of a sweep receives (built once, identical across trials)."""
+
+    model: str
+    warmup: Sequence[RequestSpec]
+    measured: Sequence[RequestSpec]
+    arrivals: Sequence[float] | None
+    max_concurrency: int | None
+    ignore_eos: bool
+    request_timeout_s: float
+    percentiles: Sequence[float]
+    goodput_slo_ms: dict[str, float]
+    startup_timeout_s: float
+    endpoint: str = "completions"
+    duration_s: float | None = None
+    trial_timeout_s: float | None = None
+    api_key: str | None = field(default=None, repr=False)
+    request_rate: float | None = None  # None: as fast as max_concurrency allows
+    capacity: CapacityPlan | None = None
+    sla_guard: Mapping[str, float] | None = None  # stop a run once this SLA surely breaks
+    repeat_requests: Sequence[Sequence[RequestSpec]] = ()  # runs 2..N of `search.repeats`
+    screen: Sequence[RequestSpec] = ()  # `search.screen`'s short first run
+    screen_arrivals: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    """One measured run: its rate (None = unpaced), start (perf_counter s), records, why
+    it stopped early (None: it ran out), and whether it was a screening run."""
+
+    rate: float | None
+    start_s: float
+    records: tuple[RequestRecord, ...]
+    stopped: str | None = None
+    screening: bool = False
+
+
+class SlaBroken(Exception):
+    """Raised from a finished request's callback: the run's SLA is surely broken."""
+
+
+class Measurement:
+    """Steps so far plus the records of the run in progress (for partial results). With an
+    SLA guard, a run stops as soon as objective.surely_broken says its SLA cannot hold."""
+
+    def __init__(self) -> None:
+        self.steps: list[LoadStep] = []
+        self._rate: float | None = None
+        self._start_s = 0.0
+        self._records: list[RequestRecord] = []
+        self._then: Callable[[RequestRecord], None] | None = None
+        self._guard: Mapping[str, float] = {}
+        self._total = 0
+
+    def begin(self, rate: float | None, then: Callable[[RequestRecord], None] | None,
+              total: int = 0, guard: Mapping[str, float] | None = None) -> None:
+        self._rate, self._start_s, self._records, self._then = rate, time.perf_counter(), [], then
+        self._guard, self._total = guard or {}, total
+
+    def __call__(self, record: RequestRecord) -> None:
+        self._records.append(record)
+        if self._then is not None:
+            self._then(record)
+        if self._guard and (why := self._broken()):
+            raise SlaBroken(why)
+
+    def _broken(self) -> str | None:
+        ok = [r for r in self._records if r.success]
+        values = {"ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+                  "tpot": [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
+                  "e2el": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None]}
+        return surely_broken(values, len(self._records) - len(ok), self._total, self._guard)
+
+    def finish(self, result: LoadResult) -> LoadStep:
+        step = LoadStep(self._rate, result.start_s, result.records)
+        self.steps.append(step)
+        self._records = []
+        return step
+
+    def finish_early(self, why: str) -> tuple[LoadStep, LoadResult]:
+        """End the run in progress with the requests finished so far."""
+        now = time.perf_counter()
+        records = tuple(sorted(self._records, key=lambda r: r.index))
+        step = LoadStep(self._rate, self._start_s, records, stopped=why)
+        self.steps.append(step)
+        self._records = []
+        return step, LoadResult(records=records, start_s=self._start_s, end_s=now,
+                                not_sent=self._total - len(records))
+
+    def partial(self) -> tuple[LoadStep, ...]:
+        """Finished steps, then the unfinished run's finished requests, if any."""
+        cut = (LoadStep(self._rate, self._start_s, tuple(self._records)),) if self._records else ()
+        return (*self.steps, *cut)
+
+
+def run_once(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
+             arrivals: Sequence[float] | None, on_done: Callable[[RequestRecord], None],
+             deadline: Deadline, doing: str, duration_s: float | None = None) -> LoadResult:
+    """One run of the load generator, cut at the trial's deadline (TrialError trial_timeout)."""
+    async def bounded() -> LoadResult:
+        return await asyncio.wait_for(run_load(
+            base_url, plan.model, requests, arrivals=arrivals,
+            max_concurrency=plan.max_concurrency, ignore_eos=plan.ignore_eos,
+            timeout_s=plan.request_timeout_s, on_done=on_done, endpoint=plan.endpoint,
+            duration_s=duration_s, api_key=plan.api_key),
+            None if math.isinf(deadline.left()) else max(0.0, deadline.left()))
+
+    deadline.check(doing)
+    try:
+        return asyncio.run(bounded())
+    except TimeoutError:
+        deadline.check(doing)
+        raise
+
+
+def _guarded_run(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
+                 arrivals: Sequence[float] | None, m: Measurement, deadline: Deadline,
+                 doing: str, duration_s: float | None = None) -> tuple[LoadStep, LoadResult]:
+    """run_once recorded as the measurement's next step (after `m.begin`); a run the SLA
+    guard stopped comes back with the requests finished so far and `step.stopped` set."""
+    try:
+        result = run_once(base_url, plan, requests, arrivals, m, deadline, doing, duration_s)
+    except SlaBroken as broken:
+        return m.finish_early(str(broken))
+    return m.finish(result), result
+
+
+def _metrics(plan: LoadPlan, result: LoadResult) -> dict[str, float]:
+    return compute_metrics(result.records, result.duration_s, plan.percentiles,
+                           plan.goodput_slo_ms or None)
+
+
+def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
+                   m: Measurement) -> tuple[dict[str, float], str | None]:
+    """The screening run (`plan.screen`, SLA-guarded like any run): its metrics and why it
+    stopped early (None: it ran out). Recorded as a step marked `screening`."""
+    phase(f"screening ({len(plan.screen)} requests)")
+    m.begin(plan.request_rate, None, len(plan.screen), plan.sla_guard)
+    step, result = _guarded_run(base_url, plan, plan.screen, plan.screen_arrivals, m, deadline,
+                                "screening")
+    m.steps[-1] = replace(step, screening=True)
+    return _metrics(plan, result), step.stopped
+
+
+def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
+                  m: Measurement) -> list[dict[str, float]]:
+    """The workload's measured requests, then one fresh request set per further repeat (same
+    arrival times); the metrics of each run. A run whose SLA surely broke ends the
+    measurement there."""
+    runs: list[dict[str, float]] = []
+    sets = [plan.measured, *plan.repeat_requests]
+    for index, requests in enumerate(sets):
+        done = 0
+        label = f"under load (run {index + 1}/{len(sets)})" if len(sets) > 1 else "under load"
+
+        def progress(_: RequestRecord) -> None:
+            nonlocal done
+            done += 1
+            if done % max(1, len(requests) // 4) == 0:
+                phase(f"{label}: {done}/{len(requests)} requests")
+
+        phase(f"{label}: 0/{len(requests)} requests")
+        m.begin(plan.request_rate, progress, len(requests), plan.sla_guard)
+        # every run keeps the workload's arrival times (same rate, same burstiness)
+        step, result = _guarded_run(base_url, plan, requests, plan.arrivals, m, deadline, label,
+                                    plan.duration_s)
+        runs.append(_metrics(plan, result))
+        if step.stopped:
+            phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
+                  f"SLA surely broken ({step.stopped})")
+            break
+    return runs
+
+
+def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
+                     m: Measurement, still_serving: Callable[[], None]) -> dict[str, float]:
+    """Rate steps until framework.trial.capacity says done; the metrics of the step that decides
+    the capacity, with capacity_rps and capacity_steps."""
+    cap = plan.capacity
+    assert cap is not None
+    s = cap.settings
+    measured: list[tuple[float, bool, dict[str, float]]] = []  # rate, SLA held, metrics
+    while (rate := next_rate([(r, ok) for r, ok, _ in measured], s)) is not None:
+        index = len(measured)
+        n = requests_for(rate, s)
+        requests = list(cap.step_requests[index % len(cap.step_requests)])[:n]
+        arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
+        doing = f"under load at {rate:.3g} req/s"
+        phase(f"{doing} ({len(requests)} requests, step {index + 1})")
+        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None)
+        step, result = _guarded_run(base_url, plan, requests, arrivals, m, deadline, doing)
+        still_serving()
+        metrics = _metrics(plan, result)
+        held = (step.stopped is None and metrics["completed"] > 0
+                and evaluate(metrics, cap.sla, "request_throughput").feasible)
+        measured.append((rate, held, metrics))
+        early = (f" (stopped after {len(step.records)} requests: {step.stopped})"
+                 if step.stopped else "")
+        phase(f"  {rate:.3g} req/s: SLA {'holds' if held else 'broken'}{early}")
+    found = capacity([(r, ok) for r, ok, _ in measured])
+    deciding = max((x for x in measured if x[1]), key=lambda x: x[0], default=None) \
+        or min(measured, key=lambda x: x[0])
+    return {**deciding[2], "capacity_rps": found, "capacity_steps": len(measured)}

@@ -1,0 +1,136 @@
+"""Metrics + SLA -> objective value, Optuna constraints and a verdict. Pure.
+
+Every SLA entry is an upper bound: `metric <= limit`. Each becomes one Optuna constraint
+`(value - limit) / limit` (feasible iff <= 0, Optuna's convention), so violations of different
+metrics are comparable; `error_rate` uses `value - limit` (it is already a fraction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from framework.load.metrics import COUNT_METRICS, PEAK_METRICS
+from framework.trial.stats import combine, mean_ci
+
+PER_REQUEST_SLO = ("ttft", "tpot", "e2el")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`objective`: the primary metric's value; `values`: every objective's (primary first)."""
+
+    objective: float
+    feasible: bool
+    constraints: Mapping[str, float]
+    violations: tuple[str, ...]
+    values: tuple[float, ...] = ()
+
+
+def per_device(metrics: Mapping[str, float], devices: int) -> dict[str, float]:
+    """`metrics` plus output_throughput_per_gpu and request_goodput_per_gpu (= the metric /
+    devices, the trial's TP x PP; CPU engine: per worker)."""
+    out = dict(metrics)
+    for key in ("output_throughput", "request_goodput"):
+        if key in metrics and metrics[key] is not None:
+            out[f"{key}_per_gpu"] = float(metrics[key]) / max(1, devices)
+    return out
+
+
+def error_rate(metrics: Mapping[str, float]) -> float:
+    """failed / (completed + failed); 0.0 when nothing was sent."""
+    total = metrics["completed"] + metrics["failed"]
+    return metrics["failed"] / total if total else 0.0
+
+
+def goodput_slo_ms(sla: Mapping[str, float]) -> dict[str, float]:
+    """Per-request limits for vLLM's goodput from the SLA: the tightest limit per metric among
+    its percentile/mean keys (p99_ttft_ms: 250 -> {"ttft": 250})."""
+    slo: dict[str, float] = {}
+    for key, limit in sla.items():
+        parts = key.split("_")
+        if len(parts) == 3 and parts[1] in PER_REQUEST_SLO and parts[0] != "std":
+            slo[parts[1]] = min(limit, slo.get(parts[1], limit))
+    return slo
+
+
+def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str,
+             also: Sequence[str] = (), judged: Mapping[str, float] | None = None) -> Verdict:
+    """Apply the SLA to one trial's metrics (which must hold every SLA key and objective);
+    `also`: further objectives (multi-objective search); `judged`: SLA values to use instead
+    of the metrics' own (repeated runs). error_rate is computed from completed and failed."""
+    values = {**metrics, "error_rate": error_rate(metrics), **(judged or {})}
+    constraints: dict[str, float] = {}
+    violations: list[str] = []
+    for key, limit in sla.items():
+        value = float(values[key])
+        excess = value - limit
+        constraints[key] = excess if key == "error_rate" else excess / limit
+        if excess > 0:
+            violations.append(f"{key} {value:.4g} > {limit:g}")
+    return Verdict(objective=float(values[objective_metric]), feasible=not violations,
+                   constraints=constraints, violations=tuple(violations),
+                   values=tuple(float(values[m]) for m in (objective_metric, *also)))
+
+
+def evaluate_repeated(runs: Sequence[Mapping[str, float]], sla: Mapping[str, float],
+                      objective_metric: str, also: Sequence[str] = (),
+                      sla_on: str = "mean") -> tuple[Verdict, dict[str, float | None]]:
+    """Verdict over repeated runs of one configuration: the objective is the mean; each SLA
+    metric is judged on its mean (`sla_on: mean`) or on the upper end of its 95% confidence
+    interval (`ci_upper`: the limit must hold with confidence, not just on average). Also
+    returns the interval columns: objective_ci95_low/high, objective_cv, <sla key>_ci95_high."""
+    combined = combine(runs, COUNT_METRICS, PEAK_METRICS)
+    judged: dict[str, float] = {}
+    extra: dict[str, float | None] = {"repeats": float(len(runs))}
+    objective = mean_ci([float(r[objective_metric]) for r in runs])
+    extra.update(objective_ci95_low=objective.low, objective_ci95_high=objective.high,
+                 objective_cv=objective.cv)
+    for key in sla:
+        values = [error_rate(r) if key == "error_rate" else float(r[key]) for r in runs]
+        interval = mean_ci(values)
+        extra[f"{key}_ci95_high"] = interval.high
+        judged[key] = interval.high if sla_on == "ci_upper" else interval.mean
+    return evaluate(combined, sla, objective_metric, also, judged), extra
+
+
+def gain(best: float, baseline: float, maximize: bool) -> float | None:
+    """Relative improvement of `best` over `baseline` (0.25 = 25% better); None if undefined."""
+    if baseline == 0:
+        return None
+    return (best - baseline) / abs(baseline) if maximize else (baseline - best) / abs(baseline)
+
+
+def surely_broken(values_ms: Mapping[str, Sequence[float]], failed: int, total: int,
+                  sla: Mapping[str, float]) -> str | None:
+    """An SLA limit this run can no longer meet, whatever its remaining requests do (None if
+    every limit is still reachable): what lets a run stop early without changing its verdict.
+
+    `values_ms`: per-request metric ("ttft", "tpot", "e2el") -> values of the requests done so
+    far; `failed`: failures so far; `total`: requests the run will send. The best case for
+    the rest is n - len(values) more values of 0 ms, n = total - failed (the most values a
+    metric can end with; fewer only raises percentiles and means of what is there):
+    - pP / median / mean: the statistic of that best case (numpy linear percentiles) > limit;
+    - error_rate: failed / total > limit.
+    std and ITL limits are never judged early.
+    """
+    n = total - failed
+    for key, limit in sla.items():
+        if key == "error_rate":
+            if total and failed / total > limit:
+                return f"error_rate: {failed} of {total} requests failed already"
+            continue
+        stat, metric, _ = key.split("_")
+        values = values_ms.get(metric)
+        if not values or metric == "itl" or stat == "std" or n < len(values):
+            continue
+        best = np.zeros(n)
+        best[: len(values)] = values
+        q = 50.0 if stat == "median" else None if stat == "mean" else float(stat[1:])
+        floor = float(best.mean()) if q is None else float(np.percentile(best, q))
+        if floor > limit:
+            return (f"{key}: at least {floor:.4g} ms whatever the other {n - len(values)} "
+                    f"requests do ({len(values)} done)")
+    return None

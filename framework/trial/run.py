@@ -1,0 +1,268 @@
+"""One trial end to end, without Ray: start -> ready -> warm-up -> measured load (one run, or
+capacity mode's rate steps: framework.trial.measure) -> stop.
+
+The consumer owns the interface: `ServerLauncher` / `ServerHandle` are what this module needs
+from whoever starts servers (`cluster.RayLauncher` in production). A failure is returned as
+data (`TrialOutcome.fail_reason`), never raised; the server is stopped on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from framework.engine.vllm_server import log_tail, startup_failure
+from framework.base.errors import TrialError
+from framework.load.loadgen import RequestRecord, wait_ready
+from framework.trial.measure import (
+    Deadline,
+    LoadPlan,
+    LoadStep,
+    Measurement,
+    Phase,
+    measure_capacity,
+    measure_fixed,
+    measure_screen,
+    run_once,
+)
+from framework.load.metrics import COUNT_METRICS, PEAK_METRICS
+from framework.engine.server_metrics import MetricsSampler, summarize
+from framework.trial.stats import combine
+
+
+class ServerHandle(Protocol):
+    base_url: str
+    node_ip: str
+    pid: int  # of the process serving the API (the server actor's)
+    placement: tuple[str, ...]  # node IP of each placement-group bundle
+
+    def is_alive(self) -> bool: ...
+
+    def failure(self) -> TrialError | None: ...
+
+    def stop(self) -> list[int]:
+        """End every process of the server and release its devices; the server's full log is
+        then at the `log_path` it was launched with. Returns pids that survived."""
+
+    def command(self, name: str, timeout_s: float = 60.0) -> str:
+        """A control command to the server process (framework.engine.control): its answer line."""
+
+
+class ServerLauncher(Protocol):
+    def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
+               wanted: Sequence[dict[str, float]],
+               on_placed: Callable[[], None] = lambda: None, unit: int = 1) -> ServerHandle:
+        """`unit`: consecutive bundles of `wanted` that must share a node."""
+
+
+@dataclass(frozen=True)
+class Reused:
+    """A ready server an earlier trial measured on: the argv it was started with, its log."""
+
+    server: ServerHandle
+    argv: tuple[str, ...]
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    started_at: datetime
+    argv: tuple[str, ...]
+    node_ip: str = ""
+    placement: tuple[str, ...] = ()
+    placement_wait_s: float | None = None
+    launch_s: float | None = None
+    startup_s: float | None = None
+    warmup_s: float | None = None
+    bench_s: float | None = None
+    trial_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)  # over all runs (stats.combine)
+    runs: tuple[dict[str, float], ...] = ()  # each measured run's metrics (repeats)
+    server_metrics: dict[str, float | None] = field(default_factory=dict)
+    steps: tuple[LoadStep, ...] = ()
+    fail_reason: str | None = None
+    fail_detail: str = ""
+    log_tail: str = ""
+    leftover_pids: tuple[int, ...] = ()
+    server_pid: int | None = None
+    server_reused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.fail_reason is None
+
+    @property
+    def records(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for step in self.steps for r in step.records)
+
+
+def _await_ready(server: ServerHandle, timeout_s: float, deadline: Deadline) -> None:
+    ready = asyncio.run(wait_ready(server.base_url, deadline.bound(timeout_s),
+                                   is_alive=server.is_alive))
+    if ready:
+        return
+    failure = server.failure()
+    if failure is not None:
+        raise failure
+    deadline.check("starting the server")
+    raise TrialError("startup_timeout", f"not ready within {timeout_s:.0f} s")
+
+
+def reset_prefix_cache(server: ServerHandle, timeout_s: float = 30.0) -> None:
+    """Reset the server's prefix cache in-process (the control command; no dev-mode route)
+    until it succeeds (vLLM refuses while blocks are still held); TrialError("load_failed")
+    if it never does."""
+    deadline = time.monotonic() + timeout_s
+    answer = ""
+    while time.monotonic() < deadline:
+        answer = server.command("reset_prefix_cache")
+        if answer == "ok":
+            return
+        time.sleep(0.5)
+    raise TrialError("load_failed", f"could not reset the reused server's prefix cache: {answer}")
+
+
+def _check_still_serving(server: ServerHandle, grace_s: float = 60.0) -> None:
+    """After the load, the server must answer /health within `grace_s` while its actor lives.
+
+    A loaded host can hold a live server's answer back for seconds, so the whole grace is
+    waited before a silent live server is called dead (`server_died`). An actor that ends
+    meanwhile (its node lost, its engine crashed) raises its own failure at once."""
+    if asyncio.run(wait_ready(server.base_url, grace_s, is_alive=server.is_alive)):
+        return
+    raise server.failure() or TrialError(
+        "server_died", f"server alive but not answering /health for {grace_s:.0f} s after the load")
+
+
+def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list[str]],
+              plan: LoadPlan, log_path: Path, wanted: Sequence[dict[str, float]],
+              phase: Phase = lambda _: None, on_placed: Callable[[], None] = lambda: None,
+              clock: Callable[[], float] = time.monotonic,
+              stop_later: Callable[[ServerHandle], None] | None = None,
+              reuse: Reused | None = None,
+              screen: Callable[[dict[str, float]], str | None] | None = None,
+              unit: int = 1) -> TrialOutcome:
+    """Run one trial; every failure comes back as `fail_reason` with the server log tail.
+
+    `stop_later`: after a successful measurement, hand the server to it instead of stopping
+    it here (the caller stops it off the trial's critical path, or reuses it, and must stop
+    it before it exits); failures always stop the server here, before reading its log.
+    `reuse`: measure on this ready server instead of launching one (`log_path` should then be
+    its `reuse.log_path`); its prefix cache is reset first, so the trial starts as on a fresh
+    server (minus vLLM's start-up).
+    `screen`: with `plan.screen`, called with the screening run's metrics; a reason (str)
+    ends the trial there as `fail_reason="pruned"` (metrics: the screen's; the server is
+    handed to `stop_later` as after a full run), None lets the full run follow.
+    `unit`: consecutive bundles that must share a node (placement.node_unit)."""
+    started_at = datetime.now(timezone.utc)
+    t0 = clock()
+    argv: list[str] = []
+    server: ServerHandle | None = None
+    startup_s = bench_s = placement_wait_s = launch_s = warmup_s = None
+    measurement = Measurement()
+    deadline = Deadline(None, clock)
+    ready = False
+    try:
+        def remember(host: str, port: int) -> list[str]:
+            argv.extend(argv_for_port(host, port))
+            return argv
+
+        def placed() -> None:
+            nonlocal placement_wait_s, deadline
+            placement_wait_s = clock() - t0
+            deadline = Deadline(plan.trial_timeout_s, clock)
+            on_placed()
+
+        if reuse is not None:
+            phase(f"reusing the running server (pid {reuse.server.pid}), prefix cache reset")
+            server = reuse.server
+            argv.extend(reuse.argv)
+            placed()
+            reset_prefix_cache(server)
+        else:
+            phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1
+                  else "starting server")
+            server = launcher.launch(remember, log_path, wanted, placed, unit=unit)
+        launch_s = clock() - t0
+        if len(wanted) > 1 and reuse is None:
+            phase(f"starting server on {', '.join(server.placement)}")
+        _await_ready(server, plan.startup_timeout_s, deadline)
+        ready = True
+        startup_s = clock() - t0
+        if plan.warmup:
+            phase(f"warming up ({len(plan.warmup)} requests)")
+            t_warm = clock()
+            run_once(server.base_url, plan, plan.warmup, None, lambda _: None, deadline,
+                     "warming up")
+            warmup_s = clock() - t_warm
+        t_load = clock()
+        pruned = None
+        if plan.screen and screen is not None:
+            metrics, stopped = measure_screen(server.base_url, plan, deadline, phase, measurement)
+            runs = [metrics]
+            pruned = (f"SLA surely broken in the screening run ({stopped})" if stopped
+                      else screen(metrics))
+        samples: list = []
+        if pruned:
+            phase(f"pruned: {pruned}")
+        else:
+            sampler = MetricsSampler(server.base_url).start()
+            try:
+                if plan.capacity is None:
+                    runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
+                    metrics = combine(runs, COUNT_METRICS, PEAK_METRICS)
+                else:
+                    metrics = measure_capacity(server.base_url, plan, deadline, phase,
+                                               measurement, lambda: _check_still_serving(server))
+                    runs = [metrics]
+            finally:
+                samples = sampler.stop().samples
+        bench_s = clock() - t_load
+        _check_still_serving(server)
+        if metrics["completed"] == 0:
+            records = [r for step in measurement.steps for r in step.records]
+            first = next((r.error for r in records if r.error), "")
+            raise TrialError("load_failed", f"all {len(records)} requests failed: {first}")
+        if stop_later is None:
+            phase("stopping")
+            left = server.stop()
+        else:
+            phase("stopping (in the background)")
+            stop_later(server)
+            left = []
+        return TrialOutcome(started_at=started_at, argv=tuple(argv), node_ip=server.node_ip,
+                            placement=server.placement, placement_wait_s=placement_wait_s,
+                            launch_s=launch_s, startup_s=startup_s, warmup_s=warmup_s,
+                            bench_s=bench_s, trial_s=clock() - t0,
+                            metrics=metrics, runs=tuple(runs),
+                            server_metrics=summarize(samples),
+                            steps=tuple(measurement.steps), leftover_pids=tuple(left),
+                            server_pid=server.pid, server_reused=reuse is not None,
+                            fail_reason="pruned" if pruned else None, fail_detail=pruned or "")
+    except TrialError as exc:
+        left = server.stop() if server is not None else []
+        tail = log_tail(log_path)
+        if ready:
+            reason, detail = ("server_died" if exc.reason == "startup_crash" else exc.reason,
+                              exc.detail)
+        else:
+            reason, detail = startup_failure(exc.reason, exc.detail, tail)
+        return TrialOutcome(started_at=started_at, argv=tuple(argv),
+                            node_ip=server.node_ip if server else "",
+                            placement=server.placement if server else (),
+                            placement_wait_s=placement_wait_s, launch_s=launch_s,
+                            startup_s=startup_s, warmup_s=warmup_s,
+                            bench_s=bench_s, trial_s=clock() - t0, fail_reason=reason,
+                            fail_detail=detail, log_tail=tail,
+                            steps=measurement.partial(), leftover_pids=tuple(left),
+                            server_pid=server.pid if server else None,
+                            server_reused=reuse is not None)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
