@@ -28,7 +28,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml framework/engine_setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -e ".[cpu,test]"
-	$(BIN)/python -m framework.engine_setup
+	$(BIN)/python -m framework.tools.engine_setup
 	touch $@
 
 model: $(MODEL)/config.json

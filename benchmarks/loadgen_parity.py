@@ -49,7 +49,7 @@ try:
     from record import ROOT, append_section, uptime
 except ModuleNotFoundError:  # imported as benchmarks.loadgen_parity (tests/test_bench.py)
     from benchmarks.record import ROOT, append_section, uptime
-from framework.ports import pick_port
+from framework.cluster.ports import pick_port
 
 BIN = Path(sys.executable).parent
 MODEL = ROOT / "models" / "tiny-llama"
@@ -206,7 +206,7 @@ def sampler_cost(base_url: str, server_pid: int, scrapes: int = 40) -> dict[str,
     idle CPU of the same span subtracted), against the idle server."""
     import psutil
 
-    from framework.server_metrics import MetricsSampler
+    from framework.engine.server_metrics import MetricsSampler
 
     proc = psutil.Process(server_pid)
 

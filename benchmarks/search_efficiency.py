@@ -51,7 +51,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from framework.ports import pick_port
+from framework.cluster.ports import pick_port
 from record import ROOT, append_section, uptime
 
 BIN = Path(sys.executable).parent
@@ -120,9 +120,9 @@ def run_sweep(args: argparse.Namespace, name: str, sampler: str, seed: int, n: i
 def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Phase 3: `vllm bench sweep serve` over the grid; its wall time, runs and pick."""
     sys.path.insert(0, str(ROOT))
-    from framework.search_space import grid_values, load_search_space
-    from framework.sweep import server_env
-    from framework.specs import SweepSpec
+    from framework.config.search_space import grid_values, load_search_space
+    from framework.sweep.loader import server_env
+    from framework.config.specs import SweepSpec
 
     grid = grid_values(load_search_space(SPACE))
     names = [n.replace("-", "_") for n in grid]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen_parity import VllmServer
-from framework.bench import (
+from framework.load.bench import (
     add_cli_args,
     parse_goodput,
     parse_percentile_metrics,
@@ -27,11 +27,11 @@ from framework.bench import (
     result_path,
     summary_lines,
 )
-from framework.errors import ConfigError
-from framework.loadgen import LoadResult, RequestRecord, run_load
-from framework.metrics import compute_metrics
-from framework.server_metrics import MetricsSampler, summarize
-from framework.workload import Dataset, RequestSpec, load_tokenizer
+from framework.base.errors import ConfigError
+from framework.load.loadgen import LoadResult, RequestRecord, run_load
+from framework.load.metrics import compute_metrics
+from framework.engine.server_metrics import MetricsSampler, summarize
+from framework.load.workload import Dataset, RequestSpec, load_tokenizer
 from tests.conftest import CLI, ROOT
 
 SAMPLE = ROOT / "datasets" / "sharegpt_sample.json"

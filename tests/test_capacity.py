@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from framework.capacity import CapacitySettings, capacity, next_rate, requests_for
+from framework.trial.capacity import CapacitySettings, capacity, next_rate, requests_for
 
 
 def search(threshold: float, s: CapacitySettings) -> list[tuple[float, bool]]:

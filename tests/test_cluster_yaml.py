@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from framework.feasibility import GPUS
+from framework.engine.feasibility import GPUS
 from tests.conftest import ROOT, cli_env, new_marker, wait_no_marked_processes
 from tests.test_ray_job_submit import free_ports, stop_group
 
@@ -31,7 +31,7 @@ CLUSTER = ROOT / "cluster.yaml"
 VENV = Path(sys.executable).parent.parent
 RAY = str(VENV / "bin" / "ray")
 
-# AWS instance type -> (GPU name as in framework.feasibility.GPUS, GPUs per instance).
+# AWS instance type -> (GPU name as in framework.engine.feasibility.GPUS, GPUs per instance).
 # Source: AWS's instance-type pages "Amazon EC2 P4 Instances" (p4d.24xlarge: 8 x A100 40 GB;
 # p4de.24xlarge: 8 x A100 80 GB) and "Amazon EC2 P5 Instances" (p5.48xlarge: 8 x H100 80 GB).
 AWS_GPUS: dict[str, tuple[str, int]] = {

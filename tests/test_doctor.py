@@ -15,12 +15,12 @@ import pytest
 import yaml
 from rich.console import Console
 
-from framework import doctor
-from framework.doctor import FAIL, OK, SKIPPED, Check, Gpu, NodeReport, ServerPlan
-from framework.loadgen import RequestRecord
-from framework.measure import LoadStep
-from framework.placement import Shape
-from framework.trial import TrialOutcome
+from framework.sweep import doctor
+from framework.sweep.doctor import FAIL, OK, SKIPPED, Check, Gpu, NodeReport, ServerPlan
+from framework.load.loadgen import RequestRecord
+from framework.trial.measure import LoadStep
+from framework.cluster.placement import Shape
+from framework.trial.run import TrialOutcome
 from tests.conftest import ROOT, emulated_cluster, joined_cli_env, run_cli
 
 VERSIONS = {"vllm": "0.32.0", "torch": "2.13.0", "cuda": "12.8", "ray": "2.60.0",
@@ -196,8 +196,8 @@ def test_server_rows():
 
 
 def test_doctor_plan_is_the_sweeps_load_cut_to_20_requests_without_warmup(tiny_model):
-    from framework.specs import load_sweep
-    from framework.sweep import load_plan
+    from framework.config.specs import load_sweep
+    from framework.sweep.loader import load_plan
 
     plan = doctor.doctor_plan(load_plan(load_sweep(ROOT / "sweeps" / "quickstart.yaml")))
     assert len(plan.measured) == 20 and list(plan.warmup) == [] and plan.capacity is None
@@ -223,7 +223,7 @@ class NoLauncher:
 
 
 def test_run_starts_no_server_when_a_node_check_failed(tiny_model, tmp_path, monkeypatch):
-    from framework import sweep as sweep_mod
+    from framework.sweep import loader as sweep_mod
 
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("VLLM_SWEEP_CACHE_DIR", raising=False)
@@ -245,7 +245,7 @@ def test_run_starts_no_server_when_a_node_check_failed(tiny_model, tmp_path, mon
 
 
 def test_probe_node_on_this_machine_expands_home(tmp_path, monkeypatch):
-    from framework.node_probe import probe_node
+    from framework.cluster.node_probe import probe_node
 
     monkeypatch.setenv("HOME", str(tmp_path))
     report = probe_node("127.0.0.1", "~/.cache/vllm-sweep", "127.0.0.1")

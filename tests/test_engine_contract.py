@@ -1,8 +1,8 @@
-"""One contract, two engines: vLLM's real OpenAI server (framework.engine) and FakeEngine, the
+"""One contract, two engines: vLLM's real OpenAI server (framework.engine.vllm_server) and FakeEngine, the
 named stand-in used for scheduling tests at scale. Both must reject bad flags as invalid_args
 before listening, serve /health and streaming completions with usage (and /v1 only with the
 API key when VLLM_API_KEY is set), count prefix-cache hits on a repeated prompt and forget them
-after the in-process reset (the control socket, framework.control) while vLLM's dev routes stay
+after the in-process reset (the control socket, framework.engine.control) while vLLM's dev routes stay
 closed (no VLLM_SERVER_DEV_MODE), and leave no process once their process group is killed."""
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import urllib.request
 import psutil
 import pytest
 
-from framework.errors import TrialError
-from framework.loadgen import run_load, wait_ready
-from framework.ports import pick_port
-from framework.server_metrics import PREFIX_HITS, fetch_text, parse_metrics
-from framework import control
-from framework.trial import reset_prefix_cache
-from framework.workload import RequestSpec
+from framework.base.errors import TrialError
+from framework.load.loadgen import run_load, wait_ready
+from framework.cluster.ports import pick_port
+from framework.engine.server_metrics import PREFIX_HITS, fetch_text, parse_metrics
+from framework.engine import control
+from framework.trial.run import reset_prefix_cache
+from framework.load.workload import RequestSpec
 
-ENGINES = ["framework.engine", "framework.fake_engine"]
+ENGINES = ["framework.engine.vllm_server", "framework.engine.fake_engine"]
 
 
 class ControlledServer:

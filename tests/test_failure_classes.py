@@ -12,10 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from framework.engine import startup_failure
-from framework.errors import TrialError
-from framework.measure import Deadline
-from framework.trial import _check_still_serving
+from framework.engine.vllm_server import startup_failure
+from framework.base.errors import TrialError
+from framework.trial.measure import Deadline
+from framework.trial.run import _check_still_serving
 
 KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (512), "
                 "(0.02 GiB KV cache is needed, which is larger than the available KV cache memory "

@@ -1,4 +1,4 @@
-"""The memory model (framework.memory_model) and the static rules of framework.feasibility, the
+"""The memory model (framework.engine.memory_model) and the static rules of framework.engine.feasibility, the
 shipped model facts, spaces and sweeps. Pure: no Ray, no vLLM server. Expected values are worked
 by hand from vLLM 0.32's source (paths inside the installed `vllm` package)."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from framework import sweep
-from framework import memory_model as mm
-from framework.feasibility import (DEFAULT_GPU_MEMORY_UTILIZATION, GIB, GPUS, ModelFacts,
+from framework.sweep import loader as sweep
+from framework.engine import memory_model as mm
+from framework.engine.feasibility import (DEFAULT_GPU_MEMORY_UTILIZATION, GIB, GPUS, ModelFacts,
                                    batch_defaults, check, check_cpu, read_model_facts)
-from framework.model_info import ModelInfo
-from framework.search_space import load_search_space
+from framework.engine.model_info import ModelInfo
+from framework.config.search_space import load_search_space
 
 REPO = Path(__file__).resolve().parents[1]
 R1_70B = read_model_facts(REPO / "model_configs" / "deepseek-r1-distill-llama-70b")

@@ -22,18 +22,18 @@ import pandas as pd
 import pytest
 import yaml
 
-from framework.diagnosis import (
+from framework.results.diagnosis import (
     BATCH_FILL_LOW,
     KV_EXHAUSTED_AT,
     PREEMPTION_RATE_LIMIT,
     VERDICTS,
     diagnose,
 )
-from framework.html_report import pareto_front, render_report
-from framework.search_space import SearchSpace
-from framework.specs import SweepSpec, load_sweep
-from framework.store import ResultStore
-from framework.tuner import Evaluation, Tuner, param_importances
+from framework.results.html_report import pareto_front, render_report
+from framework.config.search_space import SearchSpace
+from framework.config.specs import SweepSpec, load_sweep
+from framework.results.store import ResultStore
+from framework.search.tuner import Evaluation, Tuner, param_importances
 from tests.browser import check_report, external_references, render
 from tests.conftest import ROOT, emulated_cluster, joined_cli_env, run_cli
 

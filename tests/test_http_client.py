@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from framework.http_client import ConnectionPool, HTTPError, ResponseReader
-from framework.loadgen import run_load
-from framework.workload import RequestSpec
+from framework.load.http_client import ConnectionPool, HTTPError, ResponseReader
+from framework.load.loadgen import run_load
+from framework.load.workload import RequestSpec
 
 
 def pieces(data: bytes, cut: int) -> list[bytes]:

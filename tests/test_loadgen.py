@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from framework.loadgen import (
+from framework.load.loadgen import (
     LoadResult,
     RequestRecord,
     SSEState,
     run_load,
     wait_ready,
 )
-from framework.metrics import max_in_flight
-from framework.workload import RequestSpec
+from framework.load.metrics import max_in_flight
+from framework.load.workload import RequestSpec
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

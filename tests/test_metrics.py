@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from framework.loadgen import RequestRecord
-from framework.metrics import compute_metrics, max_in_flight, metric_names, percentile_key
-from framework.objective import goodput_slo_ms
+from framework.load.loadgen import RequestRecord
+from framework.load.metrics import compute_metrics, max_in_flight, metric_names, percentile_key
+from framework.trial.objective import goodput_slo_ms
 
 
 def ok(

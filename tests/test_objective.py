@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.objective import (
+from framework.trial.objective import (
     error_rate,
     evaluate,
     evaluate_repeated,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.engine import startup_failure
+from framework.engine.vllm_server import startup_failure
 
 ENGINE_FAILED = ("RuntimeError: Engine core initialization failed. See root cause above. "
                  "Failed core proc(s): {'EngineCore_DP0': 1}")  # vllm/v1/engine/utils.py

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.placement import (
+from framework.cluster.placement import (
     NODE_ID_LABEL,
     Layout,
     Shape,

@@ -8,8 +8,8 @@ import sys
 import pandas as pd
 import pytest
 
-from framework.feasibility import Feasibility
-from framework.plan import (
+from framework.engine.feasibility import Feasibility
+from framework.sweep.plan import (
     DEFAULTS_S,
     configurations,
     feasible_share,
@@ -18,7 +18,7 @@ from framework.plan import (
     space_size,
     time_estimate,
 )
-from framework.search_space import SearchSpace, load_search_space
+from framework.config.search_space import SearchSpace, load_search_space
 from tests.conftest import ROOT
 
 

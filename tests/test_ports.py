@@ -9,8 +9,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from framework.errors import TrialError
-from framework.ports import DEFAULT_EPHEMERAL, claim_port, ephemeral_range, pick_port
+from framework.base.errors import TrialError
+from framework.cluster.ports import DEFAULT_EPHEMERAL, claim_port, ephemeral_range, pick_port
 
 HOST = "127.0.0.9"  # a loopback address no other test binds on
 BASE = 23450  # outside the default ephemeral range

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from framework.provenance import cpu_name, git_commit, hardware, provenance, workload_sha256
-from framework.specs import SweepSpec
+from framework.results.provenance import cpu_name, git_commit, hardware, provenance, workload_sha256
+from framework.config.specs import SweepSpec
 from tests.conftest import ROOT
 
 

@@ -25,7 +25,7 @@ import psutil
 import pytest
 import yaml
 
-from framework.ports import pick_port
+from framework.cluster.ports import pick_port
 from tests.conftest import ROOT, cli_env, new_marker, wait_no_marked_processes
 
 pytestmark = pytest.mark.server

@@ -17,10 +17,10 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
-from framework.rows import REQUEST_COLUMNS, param_column, trial_columns
-from framework.search_space import SearchSpace, load_search_space
-from framework.specs import WorkloadSpec
-from framework.store import KINDS
+from framework.results.rows import REQUEST_COLUMNS, param_column, trial_columns
+from framework.config.search_space import SearchSpace, load_search_space
+from framework.config.specs import WorkloadSpec
+from framework.results.store import KINDS
 from tests.conftest import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
 
 DOC = ROOT / "docs" / "RESULTS.md"
@@ -115,14 +115,14 @@ def test_trial_table_columns_are_the_code_schema():
 
 
 def test_request_table_columns_are_the_code_schema():
-    """The request table is documented exactly as framework.rows.REQUEST_COLUMNS."""
+    """The request table is documented exactly as framework.results.rows.REQUEST_COLUMNS."""
     documented = _kinds(documented_columns()["request"])
     assert documented == dict(REQUEST_COLUMNS), _diff(documented, dict(REQUEST_COLUMNS))
     assert len(REQUEST_COLUMNS) == len(dict(REQUEST_COLUMNS))
 
 
 def test_every_documented_kind_is_a_store_kind_with_its_arrow_type():
-    """Kinds in the column tables are framework.store.KINDS, and the Types table names each
+    """Kinds in the column tables are framework.results.store.KINDS, and the Types table names each
     kind's Arrow type as store.py writes it."""
     used = {k for rows in documented_columns().values() for n, k, _, _ in rows if "<" not in n}
     assert used <= set(KINDS), used - set(KINDS)

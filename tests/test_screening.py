@@ -14,9 +14,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from framework.errors import ConfigError
-from framework.specs import load_sweep
-from framework.tuner import FarFromBestPruner
+from framework.base.errors import ConfigError
+from framework.config.specs import load_sweep
+from framework.search.tuner import FarFromBestPruner
 from tests.conftest import cli_env, new_marker, run_cli, wait_no_marked_processes
 from tests.test_sweep_e2e import read_trials
 

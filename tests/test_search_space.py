@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from framework.errors import ConfigError
-from framework.search_space import (
+from framework.base.errors import ConfigError
+from framework.config.search_space import (
     BoolParam,
     CategoricalParam,
     FloatParam,

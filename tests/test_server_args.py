@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from framework.server_args import flag_args, merge_flags, serve_command, server_argv
+from framework.engine.server_args import flag_args, merge_flags, serve_command, server_argv
 
 
 @pytest.mark.parametrize(("params", "expected"), [
@@ -104,6 +104,6 @@ def test_serve_command_round_trips_through_shell_parsing():
      {"tensor-parallel-size": 1, "pipeline-parallel-size": 1}),
 ])
 def test_trial_flags(fixed, params, baseline, expected):
-    from framework.server_args import trial_flags
+    from framework.engine.server_args import trial_flags
 
     assert trial_flags(fixed, params, baseline) == expected

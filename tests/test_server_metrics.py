@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from framework.rows import TrialContext, trial_columns, trial_row
-from framework.search_space import load_search_space
-from framework.server_metrics import (
+from framework.results.rows import TrialContext, trial_columns, trial_row
+from framework.config.search_space import load_search_space
+from framework.engine.server_metrics import (
     SERVER_METRIC_COLUMNS,
     MetricsSampler,
     Sample,
     parse_metrics,
     summarize,
 )
-from framework.trial import TrialOutcome
+from framework.trial.run import TrialOutcome
 
 LABELS = 'engine="0",model_name="m"'
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from framework.errors import ConfigError
-from framework.search_space import SearchSpace, load_search_space
-from framework.specs import SweepSpec
-from framework.sweep import with_run_settings
-from framework.measure import LoadPlan
-from framework.tuner import Tuner
-from framework.workload import RequestSpec, arrival_offsets
+from framework.base.errors import ConfigError
+from framework.config.search_space import SearchSpace, load_search_space
+from framework.config.specs import SweepSpec
+from framework.sweep.loader import with_run_settings
+from framework.trial.measure import LoadPlan
+from framework.search.tuner import Tuner
+from framework.load.workload import RequestSpec, arrival_offsets
 from tests.conftest import cli_env, new_marker, run_cli, wait_no_marked_processes
 from tests.test_sweep_e2e import read_trials
 

@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
-from framework.errors import ClusterError
-from framework.session import SESSION_VAR, DriverSession
+from framework.base.errors import ClusterError
+from framework.cluster.driver_session import SESSION_VAR, DriverSession
 from tests.conftest import ROOT
 
 WAIT_S = 30.0
@@ -100,7 +100,7 @@ def test_a_live_driver_in_the_same_process_refuses_a_second_and_keeps_its_lock(t
             with DriverSession(state_file):
                 pass
         other = subprocess.run(  # the refused entry left this process's lock in place
-            [sys.executable, "-c", "import sys; from pathlib import Path; from framework.session "
+            [sys.executable, "-c", "import sys; from pathlib import Path; from framework.cluster.driver_session "
              f"import DriverSession; DriverSession(Path(sys.argv[1]), lock_wait_s=0.2)"
              ".__enter__()", str(state_file)],
             cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
@@ -119,7 +119,7 @@ def _held_session(state_file: Path, fork_child: bool) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import os, sys, time
         from pathlib import Path
-        from framework.session import DriverSession
+        from framework.cluster.driver_session import DriverSession
         session = DriverSession(Path({str(state_file)!r})).__enter__()
         if {fork_child!r} and os.fork() == 0:
             time.sleep(120)

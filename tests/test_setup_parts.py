@@ -10,11 +10,11 @@ import re
 import pytest
 import yaml
 
-from framework import engine_setup
-from framework.engine import parse_server_args
-from framework.errors import TrialError
-from framework.tiny_model import TinyLlamaShape, build_tiny_llama, is_built
-from framework.workload import load_tokenizer
+from framework.tools import engine_setup
+from framework.engine.vllm_server import parse_server_args
+from framework.base.errors import TrialError
+from framework.tools.tiny_model import TinyLlamaShape, build_tiny_llama, is_built
+from framework.load.workload import load_tokenizer
 from tests.conftest import ROOT
 
 
@@ -68,7 +68,7 @@ def test_vllm_own_parser_rejects_bad_flags_as_invalid_args(argv, fragment):
 
 
 def test_vllm_own_parser_accepts_what_server_args_builds(tiny_model):
-    from framework.server_args import merge_flags, server_argv
+    from framework.engine.server_args import merge_flags, server_argv
 
     flags = merge_flags({"enforce-eager": True, "max-model-len": 512},
                         {"max-num-seqs": 8, "enable-prefix-caching": False})

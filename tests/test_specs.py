@@ -9,8 +9,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from framework.errors import ConfigError
-from framework.specs import SearchSpec, is_latency_metric, load_sweep
+from framework.base.errors import ConfigError
+from framework.config.specs import SearchSpec, is_latency_metric, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -277,7 +277,7 @@ def test_names_near_an_api_key_are_not_rejected(tmp_path, server):
 
 
 def test_an_api_key_is_no_search_parameter(tmp_path, tiny_model, name="api-key"):
-    from framework import sweep as sweep_mod
+    from framework.sweep import loader as sweep_mod
 
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from framework.stats import combine, mean_ci, t975
+from framework.trial.stats import combine, mean_ci, t975
 
 
 def test_interval_matches_a_hand_computation():

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from framework.objective import Verdict
-from framework.rows import TrialContext, trial_columns, trial_row
-from framework.search_space import load_search_space
-from framework.store import ResultStore
-from framework.trial import TrialOutcome
+from framework.trial.objective import Verdict
+from framework.results.rows import TrialContext, trial_columns, trial_row
+from framework.config.search_space import load_search_space
+from framework.results.store import ResultStore
+from framework.trial.run import TrialOutcome
 from tests.conftest import ROOT
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -97,7 +97,7 @@ def test_best_without_a_feasible_trial_exits_1(tmp_path, tiny_model):
 def test_pareto_trials_keeps_the_feasible_non_dominated_ones():
     import pandas as pd
 
-    from framework.status import pareto_trials
+    from framework.results.status import pareto_trials
 
     trials = pd.DataFrame({
         "trial_number": [0, 1, 2, 3, 4, 5],
@@ -129,7 +129,7 @@ def confirmed_trials():
 
 
 def test_best_after_confirmation_runs_is_the_best_confirmed_mean():
-    from framework.report import best_trial, confirmed_scores, noise_line
+    from framework.results.console import best_trial, confirmed_scores, noise_line
 
     trials = confirmed_trials()
     assert confirmed_scores(trials) == {1: 135.0, 2: 139.0}
@@ -145,7 +145,7 @@ def test_best_after_confirmation_runs_is_the_best_confirmed_mean():
 
 
 def test_without_confirmations_best_is_the_single_best_measurement():
-    from framework.report import best_trial
+    from framework.results.console import best_trial
 
     trials = confirmed_trials().iloc[:3].copy()
     assert best_trial(trials, [], maximize=True).number == 1

@@ -9,18 +9,18 @@ import duckdb
 import pandas as pd
 import pytest
 
-from framework.loadgen import RequestRecord
-from framework.rows import (
+from framework.load.loadgen import RequestRecord
+from framework.results.rows import (
     REQUEST_COLUMNS,
     TrialContext,
     request_rows,
     trial_columns,
     trial_row,
 )
-from framework.search_space import load_search_space
-from framework.store import ResultStore, arrow_schema
-from framework.measure import LoadStep
-from framework.trial import TrialOutcome
+from framework.config.search_space import load_search_space
+from framework.results.store import ResultStore, arrow_schema
+from framework.trial.measure import LoadStep
+from framework.trial.run import TrialOutcome
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = "demo-sweep"

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from framework.diagnosis import VERDICTS
+from framework.results.diagnosis import VERDICTS
 from tests.browser import check_sweep_report
 from tests.conftest import CLI, ROOT, cli_env, new_marker, read_until, run_cli, wait_no_marked_processes
 

@@ -8,8 +8,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from framework.search_space import load_search_space
-from framework.tuner import (
+from framework.config.search_space import load_search_space
+from framework.search.tuner import (
     BASELINE_ATTR,
     CONFIG_FAILURES,
     FAIL_REASON_ATTR,
@@ -57,7 +57,7 @@ def test_distributions_of_tiny_cpu():
 
 
 def test_distributions_int_step_and_float(tmp_path):
-    from framework.search_space import load_search_space as load
+    from framework.config.search_space import load_search_space as load
 
     path = tmp_path / "s.yaml"
     path.write_text("parameters:\n"
@@ -257,7 +257,7 @@ def test_close_interrupted_several_including_baseline(journal):
 
 
 def space_of(parameters: dict):
-    from framework.search_space import SearchSpace
+    from framework.config.search_space import SearchSpace
 
     return SearchSpace.model_validate({"parameters": parameters})
 

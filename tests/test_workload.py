@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework.workload import (
+from framework.load.workload import (
     Dataset,
     arrival_offsets,
     first_exchange,
