@@ -1,4 +1,5 @@
-"""run_load against FakeSSEServer, a local aiohttp stand-in for vLLM's streaming APIs.
+"""run_load against FakeSSEServer, a local aiohttp server standing in for vLLM's streaming
+APIs; wait_ready against a raw asyncio server on 127.0.0.1.
 
 FakeSSEServer only serves canned SSE streams so that parsing, failure handling,
 timeouts and concurrency limits can be tested without a model server.
@@ -77,7 +78,6 @@ class FakeSSEServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.completions)
-        app.router.add_get("/health", self.health)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -89,9 +89,6 @@ class FakeSSEServer:
     async def __aexit__(self, *exc: object) -> None:
         assert self._runner is not None
         await self._runner.cleanup()
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
@@ -326,20 +323,74 @@ def test_arrivals_must_match_requests() -> None:
         asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], arrivals=[0.0, 1.0]))
 
 
-@pytest.mark.timeout(60)
-def test_wait_ready() -> None:
-    async def scenario() -> tuple[bool, bool, bool]:
-        async with FakeSSEServer() as server:
-            ready = await wait_ready(server.url, timeout_s=5.0)
-            dead = await wait_ready(server.url + "/nowhere", timeout_s=5.0, is_alive=lambda: False)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        never = await wait_ready(f"http://127.0.0.1:{port}", timeout_s=1.0)
-        return ready, dead, never
+async def health_server(statuses: list[int], polls: list[float]) -> asyncio.Server:
+    """An asyncio server on 127.0.0.1 answering GET /health with ``statuses`` in turn (then
+    the last again; 0: accept and never answer); each poll's time goes to ``polls``."""
 
-    assert asyncio.run(scenario()) == (True, False, False)
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0]
+        assert line == b"GET /health HTTP/1.1"
+        status = statuses[min(len(polls), len(statuses) - 1)]
+        polls.append(time.monotonic())
+        if status == 0:
+            await asyncio.sleep(30)
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: 0\r\n\r\n" % status)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("statuses", "timeout_s", "ready", "n_polls", "elapsed"), [
+    pytest.param([503, 500, 200], 10.0, True, 3, (1.0, 2.5), id="polls-every-0.5s-until-200"),
+    pytest.param([404], 1.2, False, 3, (1.2, 2.0), id="never-200-until-the-deadline"),
+    pytest.param([0], 0.8, False, 1, (0.8, 1.5), id="silent-server-bounded-by-the-deadline"),
+])
+def test_wait_ready_polls_until_200_or_deadline(statuses: list[int], timeout_s: float,
+                                                ready: bool, n_polls: int,
+                                                elapsed: tuple[float, float]) -> None:
+    polls: list[float] = []
+
+    async def scenario() -> tuple[bool, float]:
+        server = await health_server(statuses, polls)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        started = time.monotonic()
+        try:
+            return await wait_ready(url, timeout_s), time.monotonic() - started
+        finally:
+            server.close()
+
+    got, took = asyncio.run(scenario())
+    assert got is ready and len(polls) == n_polls
+    assert elapsed[0] <= took < elapsed[1]
+    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    assert all(0.45 <= gap < 1.0 for gap in gaps), gaps
+
+
+@pytest.mark.timeout(60)
+def test_wait_ready_stops_when_the_server_dies_or_refuses_and_rejects_bad_urls() -> None:
+    polls: list[float] = []
+    alive = iter([True, True, False])
+
+    async def scenario() -> bool:
+        server = await health_server([503], polls)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            return await wait_ready(url, 30.0, is_alive=lambda: next(alive))
+        finally:
+            server.close()
+
+    assert asyncio.run(scenario()) is False and len(polls) == 2
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    started = time.monotonic()
+    assert asyncio.run(wait_ready(refused, 1.0)) is False
+    assert 1.0 <= time.monotonic() - started < 2.0
+    with pytest.raises(ValueError, match="base URL"):
+        asyncio.run(wait_ready("localhost:8000", 5.0))
 
 
 @pytest.mark.timeout(60)

@@ -1,23 +1,29 @@
 """/metrics parsing and the pure run summary against hand-built Prometheus text; the sampler
-with a fake fetch. (The sampler against a live vLLM server is in tests/test_bench.py.)"""
+with a fake fetch, and fetch_text and the sampler's own fetch against a real server on
+127.0.0.1. (The sampler against a live vLLM server is in tests/test_bench.py.)"""
 
 from __future__ import annotations
 
+import http.server
 import itertools
+import threading
+import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from framework.results.rows import TrialContext, trial_columns, trial_row
 from framework.config.search_space import load_search_space
 from framework.engine.server_metrics import (
     SERVER_METRIC_COLUMNS,
     MetricsSampler,
     Sample,
+    fetch_text,
     parse_metrics,
     summarize,
 )
+from framework.results.rows import TrialContext, trial_columns, trial_row
 from framework.trial.run import TrialOutcome
 
 LABELS = 'engine="0",model_name="m"'
@@ -173,6 +179,60 @@ def test_sampler_against_nothing_is_empty_not_an_error() -> None:
         pass
     assert sampler.result.samples == [] and sampler.result.errors >= 2
     assert summarize(sampler.result.samples)["kv_cache_usage_max"] is None
+
+
+class MetricsPages(http.server.BaseHTTPRequestHandler):
+    """GET /metrics: page() with the preemption counter one higher per scrape; else 404."""
+
+    scrapes = 0
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            type(self).scrapes += 1
+            body, status = page(kv=0.25, preempt=type(self).scrapes).encode(), 200
+        else:
+            body, status = b"not found", 404
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[str]:
+    """Base URL of a threaded HTTP server on 127.0.0.1 serving MetricsPages."""
+    MetricsPages.scrapes = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsPages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timeout(30)
+def test_fetch_text_gets_a_200_body_and_raises_for_other_statuses(metrics_server: str) -> None:
+    assert fetch_text(f"{metrics_server}/metrics", 2.0) == page(kv=0.25, preempt=1)
+    with pytest.raises(OSError, match="HTTP 404"):
+        fetch_text(f"{metrics_server}/nowhere", 2.0)
+
+
+@pytest.mark.timeout(30)
+def test_sampler_scrapes_a_real_server_with_its_own_fetch(metrics_server: str) -> None:
+    sampler = MetricsSampler(metrics_server + "/", interval_s=0.05).start()
+    assert MetricsPages.scrapes == 1
+    while MetricsPages.scrapes < 4:
+        time.sleep(0.01)
+    result = sampler.stop()
+    assert result.errors == 0 and len(result.samples) == MetricsPages.scrapes >= 5
+    assert [s.values["vllm:num_preemptions_total"] for s in result.samples] == [
+        float(n) for n in range(1, len(result.samples) + 1)]
+    summary = summarize(result.samples)
+    assert summary["preemptions"] == len(result.samples) - 1
+    assert summary["kv_cache_usage_max"] == 0.25
 
 
 def test_sampler_rejects_bad_interval() -> None:

@@ -1,11 +1,12 @@
 """vLLM's Prometheus ``/metrics`` during a measured run: a sampler thread and a pure summary.
 
 The sampler fetches ``GET {base_url}/metrics`` every ``interval_s`` (0.5 s) from its own
-thread with the standard library, keeps only the lines of WATCHED, and parses them with
-``prometheus_client.parser.text_string_to_metric_families``. Its cost, measured on the
-project's 2-core machine against the tiny model: ~0.55 ms of client CPU per sample (fetch
-~0.33 ms + filtered parse ~0.22 ms; parsing the whole ~58 KB text would be ~7 ms) and ~4 ms
-of the vLLM API server's CPU to render the page, i.e. ~0.1% and ~0.8% of one core at 2 Hz.
+thread with framework.load.http_client (``get_sync``), keeps only the lines of WATCHED, and
+parses them with ``prometheus_client.parser.text_string_to_metric_families``. Its cost on the
+project's 2-core machine: ~0.7 ms of client CPU per sample (fetch of the ~58 KB page ~0.5 ms,
+its event loop included + filtered parse ~0.22 ms; parsing the whole text would be ~7 ms)
+and ~4 ms of the vLLM API server's CPU to render the page, i.e. ~0.15% and ~0.8% of one
+core at 2 Hz.
 The thread's own CPU time is reported (``SamplerResult.cpu_s``).
 """
 
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from framework.load.http_client import get_sync
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
@@ -119,9 +121,12 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
 
 
 def fetch_text(url: str, timeout_s: float) -> str:
-    """Body of ``GET url`` as text (urllib; raises on any HTTP or connection error)."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        return resp.read().decode("utf-8", errors="replace")
+    """Body of a 200 to ``GET url`` as text (http_client.get_sync); raises OSError for any other
+    status, a connection failure or ``timeout_s`` passed."""
+    response = get_sync(url, timeout_s)
+    if response.status != 200:
+        raise OSError(f"HTTP {response.status} {response.reason} from GET {url}")
+    return response.text()
 
 
 @dataclass

@@ -1,11 +1,13 @@
-"""Minimal streaming HTTP/1.1 client on asyncio protocols, for the load generator.
+"""The one HTTP/1.1 client of the project, on asyncio protocols: every request sent to a
+server (the load, /health, /metrics) goes through it.
 
 Contract: ``ConnectionPool(base_url)`` keeps keep-alive connections to one ``http`` or
 ``https`` server; ``Connection.exchange(request, on_body)`` writes one request and returns
 a future that resolves to the finished ``ResponseReader`` (status, reason, headers,
 ``keep_alive``, ``error_body``) or fails (HTTPError-derived ConnectionError, or the
 ``on_body`` consumer's own exception). A 200 response's body goes to ``on_body`` as it
-arrives, inside ``data_received``.
+arrives, inside ``data_received``. ``get(url, timeout_s)`` is a one-shot GET returning a
+``Response`` (status, reason, body); ``get_sync`` runs it from synchronous code (threads).
 
 Why it exists: parsing and timing inside ``data_received`` means a streamed chunk costs no
 task wake-up. On this project's 2-core machine that halved the load generator's CPU per
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import httptools
 
@@ -219,15 +222,21 @@ class ConnectionPool:
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.ssl = url.scheme == "https"
         self.prefix = url.path.rstrip("/")
-        self.headers = (f"Host: {url.netloc}\r\nUser-Agent: vllm-sweep\r\n"
-                        "Accept: text/event-stream\r\n")
+        self.headers = f"Host: {url.netloc}\r\nUser-Agent: vllm-sweep\r\n"
         if api_key:
             self.headers += f"Authorization: Bearer {api_key}\r\n"
         self._idle: list[Connection] = []
 
     def request(self, path: str, body: bytes) -> bytes:
-        return (f"POST {self.prefix}{path} HTTP/1.1\r\n{self.headers}Content-Type: application/json"
-                f"\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+        """A streaming POST of a JSON ``body`` to ``path`` (under the prefix), kept alive."""
+        return (f"POST {self.prefix}{path} HTTP/1.1\r\n{self.headers}"
+                f"Accept: text/event-stream\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+
+    def get_request(self, path: str) -> bytes:
+        """A GET of ``path`` (under the prefix) asking the server to close afterwards."""
+        return (f"GET {self.prefix}{path} HTTP/1.1\r\n{self.headers}"
+                "Connection: close\r\n\r\n").encode("latin-1")
 
     async def get(self) -> Connection:
         while self._idle:
@@ -251,3 +260,50 @@ class ConnectionPool:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+
+@dataclass(frozen=True, repr=False)
+class Response:
+    """A finished GET: the body is whole for a 200, its first ResponseReader.MAX_ERROR_BODY
+    bytes for any other status."""
+
+    status: int
+    reason: str
+    body: bytes
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        # Short on purpose: asyncio.run() may format its result's repr (see loadgen.LoadResult).
+        return f"Response({self.status} {self.reason}, {len(self.body)} bytes)"
+
+
+async def get(url: str, timeout_s: float, api_key: str | None = None) -> Response:
+    """``GET url`` on a fresh connection, closed afterwards; ``timeout_s`` bounds the whole
+    exchange, connecting included. Any status is returned, none raised; ``api_key`` as in
+    ConnectionPool. Raises ValueError for a URL not ``http(s)://host[:port]...``, else only
+    OSError: TimeoutError after ``timeout_s``, ConnectionError for a refused, reset, cut-short
+    or malformed response."""
+    split = urllib.parse.urlsplit(url)
+    pool = ConnectionPool(f"{split.scheme}://{split.netloc}", api_key)
+    target = (split.path or "/") + (f"?{split.query}" if split.query else "")
+    body = bytearray()
+    conn: Connection | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            conn = await pool.get()
+            reader: ResponseReader = await conn.exchange(pool.get_request(target), body.extend)
+    except HTTPError as exc:
+        raise ConnectionError(f"malformed response to GET {url}: {exc}") from None
+    finally:
+        if conn is not None:
+            conn.close()
+    return Response(reader.status, reader.reason,
+                    bytes(body) if reader.status == 200 else reader.error_body)
+
+
+def get_sync(url: str, timeout_s: float, api_key: str | None = None) -> Response:
+    """``get`` for synchronous code, e.g. a thread (not one running an event loop): each call
+    runs on an event loop of its own. Same result and errors as ``get``."""
+    return asyncio.run(get(url, timeout_s, api_key))

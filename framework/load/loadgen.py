@@ -5,10 +5,10 @@ time, the time of every SSE message carrying non-empty ``choices`` ("content chu
 chat this includes vLLM's first, role-only delta, as vLLM's client counts it), and token
 counts from the final ``usage`` message. Failures are returned as records, never raised.
 
-The streaming requests use framework.load.http_client (keep-alive pool on asyncio protocols,
-parsing by httptools) instead of aiohttp's client: a streamed chunk is parsed and timed
-inside ``data_received``, with no task wake-up, which halved the client's CPU per output
-token (see that module). aiohttp is still used for the /health poll.
+The streaming requests and the /health poll use framework.load.http_client (keep-alive
+pool on asyncio protocols, parsing by httptools) instead of aiohttp's client: a streamed chunk
+is parsed and timed inside ``data_received``, with no task wake-up, which halved the client's
+CPU per output token (see that module).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import aiohttp
-
-from framework.load.http_client import Connection, ConnectionPool
+from framework.load.http_client import Connection, ConnectionPool, get
 from framework.load.workload import RequestSpec
 
 Clock = Callable[[], float]
@@ -31,6 +29,7 @@ Endpoint = Literal["completions", "chat"]
 
 ERROR_BODY_CHARS = 500
 HEALTH_POLL_S = 0.5
+HEALTH_POLL_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -364,25 +363,25 @@ async def wait_ready(
     is_alive: Callable[[], bool] | None = None,
     clock: Clock = time.monotonic,
 ) -> bool:
-    """Poll ``GET {base_url}/health`` every 0.5 s.
+    """Poll ``GET {base_url}/health`` every HEALTH_POLL_S (each poll bounded by the time left,
+    at least 0.1 s, at most HEALTH_POLL_TIMEOUT_S).
 
     True on the first 200; False once ``is_alive()`` returns False or ``timeout_s``
-    (measured with ``clock``) has passed.
+    (measured with ``clock``) has passed. A refused, failed or timed-out poll is "not yet";
+    a ``base_url`` that is not ``http(s)://host...`` raises ValueError.
     """
     url = f"{base_url.rstrip('/')}/health"
     deadline = clock() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while True:
-            if is_alive is not None and not is_alive():
-                return False
-            remaining = deadline - clock()
-            if remaining <= 0:
-                return False
-            try:
-                poll_timeout = aiohttp.ClientTimeout(total=max(0.1, min(remaining, 5.0)))
-                async with session.get(url, timeout=poll_timeout) as resp:
-                    if resp.status == 200:
-                        return True
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(min(HEALTH_POLL_S, max(0.0, deadline - clock())))
+    while True:
+        if is_alive is not None and not is_alive():
+            return False
+        remaining = deadline - clock()
+        if remaining <= 0:
+            return False
+        try:
+            response = await get(url, max(0.1, min(remaining, HEALTH_POLL_TIMEOUT_S)))
+            if response.status == 200:
+                return True
+        except OSError:
+            pass
+        await asyncio.sleep(min(HEALTH_POLL_S, max(0.0, deadline - clock())))
