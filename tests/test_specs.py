@@ -10,7 +10,8 @@ import yaml
 from pydantic import ValidationError
 
 from framework.base.errors import ConfigError
-from framework.config.specs import SearchSpec, is_latency_metric, load_sweep
+from framework.base.vocabulary import is_latency_metric
+from framework.config.specs import SearchSpec, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 

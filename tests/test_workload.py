@@ -9,17 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework.load.workload import (
-    Dataset,
-    arrival_offsets,
+from framework.load.prompts import load_tokenizer
+from framework.load.sharegpt import (
     first_exchange,
-    load_tokenizer,
-    prefix_shared_requests,
-    random_requests,
     read_sharegpt,
     sample_sharegpt_conversations,
     sharegpt_requests,
 )
+from framework.load.workload import Dataset, arrival_offsets, prefix_shared_requests, random_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "tiny-llama"
@@ -93,7 +90,8 @@ def test_zero_prompts(tokenizer) -> None:
 def test_random_requests_rejects_bad_input(
     tokenizer, num_prompts: int, input_len: int, output_len: int, range_ratio: float
 ) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"num_prompts must be|output_len must be|range_ratio must be|"
+                                         r"input_len"):
         random_requests(tokenizer, num_prompts, input_len, output_len, 0, range_ratio)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from framework.config.specs import Scalar
+from framework.base.vocabulary import Scalar
 
 Bundle = dict[str, float]
 

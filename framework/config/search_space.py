@@ -30,8 +30,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from framework.base.errors import ConfigError
-from framework.config.specs import Scalar, first_error, read_yaml
-
+from framework.base.vocabulary import Scalar
+from framework.config.yaml_io import first_error, read_yaml
 
 # Run settings a search space may vary (kind: run), and the workload field each one sets.
 RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",

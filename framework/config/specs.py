@@ -12,43 +12,28 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from framework.base.errors import ConfigError
-from framework.load.metrics import LATENCY_METRICS, percentile_key
+from framework.base.vocabulary import (  # noqa: F401 - Scalar and the metric words, re-exported
+    ERROR_RATE,
+    LATENCY_METRICS,
+    THROUGHPUT_METRICS,
+    Scalar,
+    is_latency_metric,
+    parse_latency_key,
+    percentile_key,
+)
+from framework.config.yaml_io import HIDDEN, SecretInSweep, first_error, read_yaml  # noqa: F401
 
-Scalar = bool | int | float | str
-
-_LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
-THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput",
-                      "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu",
-                      "capacity_rps")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-HIDDEN = "<hidden>"  # shown in place of a secret's value
-
-
-class SecretInSweep(ValueError):
-    """An API key written in a sweep file at `name` (under its section); its value is never
-    shown."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__("an API key does not belong in the sweep file: it would be recorded "
-                         "with the servers' flags and environment (trial rows, report, Ray's "
-                         "tables); put it in an environment variable of the driver and name "
-                         "that variable in server.api_key_env")
-
-
-def is_latency_metric(key: str) -> bool:
-    """True for keys like p99_ttft_ms, mean_tpot_ms, p99.9_itl_ms (percentile in (0, 100])."""
-    match = _LATENCY_KEY.match(key)
-    if not match:
-        return False
-    stat = match.group(1)
-    return not stat.startswith("p") or 0 < float(stat[1:]) <= 100
 
 
 class _Spec(BaseModel):
@@ -350,15 +335,6 @@ class SweepSpec(_Spec):
             return self.cluster.max_concurrent_trials
         return 1 if self.engine == "cpu" else None
 
-    @field_validator("gpu")
-    @classmethod
-    def _known_gpu(cls, gpu: str | None) -> str | None:
-        from framework.engine.feasibility import GPUS
-
-        if gpu is not None and gpu not in GPUS:
-            raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
-        return gpu
-
     @field_validator("name")
     @classmethod
     def _slug(cls, name: str) -> str:
@@ -413,56 +389,11 @@ class SweepSpec(_Spec):
     def _percentiles_cover_sla(self) -> SweepSpec:
         have = {percentile_key(m, p) for m in LATENCY_METRICS for p in self.workload.percentiles}
         for key in [*self.sla, *self.objective.metrics]:
-            if key.startswith("p") and key not in have:
-                raise ValueError(f"{key} needs percentile {key.split('_', 1)[0][1:]} in "
+            parsed = parse_latency_key(key)
+            if parsed is not None and parsed.stat.startswith("p") and key not in have:
+                raise ValueError(f"{key} needs percentile {parsed.percentile:g} in "
                                  f"workload.percentiles {list(self.workload.percentiles)}")
         return self
-
-
-def first_error(exc: ValidationError) -> tuple[str, Any, str]:
-    """The first error as (dotted key, value, reason); a SecretInSweep's key names the
-    entry and its value is HIDDEN."""
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    msg = err["msg"].removeprefix("Value error, ")
-    cause = err.get("ctx", {}).get("error")
-    if isinstance(cause, SecretInSweep):
-        return f"{key}.{cause.name}", HIDDEN, msg
-    return key, err.get("input"), msg
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key repeated in one mapping (PyYAML keeps the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Parse a YAML mapping; syntax errors, repeated keys and non-mappings become ConfigError."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(str(path), "(file)", str(path), exc.strerror or str(exc)) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "(yaml)"
-        lines = text.splitlines()
-        source = lines[mark.line].strip() if mark and mark.line < len(lines) else None
-        raise ConfigError(str(path), where, source, f"YAML syntax error: "
-                          f"{getattr(exc, 'problem', None) or exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(str(path), "(top level)", type(data).__name__, "expected a mapping")
-    return data
 
 
 def load_sweep(path: Path) -> SweepSpec:

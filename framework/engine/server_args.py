@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-from framework.config.specs import Scalar
+from framework.base.vocabulary import Scalar
 
 
 def flag_args(params: Mapping[str, Scalar | None]) -> list[str]:

@@ -129,7 +129,7 @@ def parse_percentiles(value: str) -> list[float]:
 
 
 def parse_percentile_metrics(value: str | None) -> list[str]:
-    from framework.load.metrics import LATENCY_METRICS
+    from framework.base.vocabulary import LATENCY_METRICS
 
     names = parse_csv(value or DEFAULT_PERCENTILE_METRICS, "--percentile-metrics")
     unknown = [n for n in names if n not in LATENCY_METRICS]
@@ -141,7 +141,7 @@ def parse_percentile_metrics(value: str | None) -> list[str]:
 
 def parse_goodput(pairs: Sequence[str] | None) -> dict[str, float]:
     """['ttft:500', 'tpot:50'] -> {'ttft': 500.0, 'tpot': 50.0} (vllm bench's KEY:VALUE, ms)."""
-    from framework.load.metrics import SLO_METRICS
+    from framework.base.vocabulary import SLO_METRICS
 
     slo: dict[str, float] = {}
     for pair in pairs or ():
@@ -223,7 +223,7 @@ def result_json(meta: Mapping[str, Any], metrics: Mapping[str, Any],
     """The result in vllm bench's key order: run settings, totals and throughputs, per-request
     lists (if ``details``), peaks, then mean/median/std/p{P} of the ``selected`` metrics only,
     then ``extra`` (our own keys). ``request_goodput`` is None without SLOs, as in vllm bench."""
-    from framework.load.metrics import percentile_key
+    from framework.base.vocabulary import percentile_key
 
     out: dict[str, Any] = dict(meta)
     for key in ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
@@ -248,7 +248,7 @@ def result_json(meta: Mapping[str, Any], metrics: Mapping[str, Any],
 def summary_lines(result: Mapping[str, Any], selected: Sequence[str],
                   percentiles: Sequence[float]) -> list[str]:
     """vllm bench's printed summary of ``result``."""
-    from framework.load.metrics import percentile_key
+    from framework.base.vocabulary import percentile_key
 
     def row(label: str, value: Any) -> str:
         if isinstance(value, float):

@@ -11,45 +11,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from framework.load.loadgen import RequestRecord
-
-DEFAULT_PERCENTILES: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
-LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
-SLO_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")
-SUMMARY_KEYS: tuple[str, ...] = (
-    "completed",
-    "failed",
-    "duration",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "max_output_tokens_per_s",
-    "max_concurrent_requests",
+from framework.base.vocabulary import (  # noqa: F401 - re-exported: the load's metric names
+    COUNT_METRICS,
+    DEFAULT_PERCENTILES,
+    LATENCY_METRICS,
+    PEAK_METRICS,
+    SLO_METRICS,
+    SUMMARY_KEYS,
+    metric_names,
+    percentile_key,
 )
 
-
-# How repeated runs of one trial combine (stats.combine): counts add up, peaks take the max.
-COUNT_METRICS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
-PEAK_METRICS = ("max_concurrent_requests",)
-
-
-def percentile_key(metric: str, p: float) -> str:
-    """vLLM's key for percentile ``p`` of ``metric``: p99_ttft_ms, p99.9_itl_ms."""
-    p_word = str(int(p)) if int(p) == p else str(p)
-    return f"p{p_word}_{metric}_ms"
-
-
-def metric_names(percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> list[str]:
-    """Every key compute_metrics returns except request_goodput, in a stable order."""
-    names = list(SUMMARY_KEYS)
-    for metric in LATENCY_METRICS:
-        names += [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms"]
-        names += [percentile_key(metric, p) for p in percentiles]
-    return names
-
+if TYPE_CHECKING:
+    from framework.load.loadgen import RequestRecord
 
 def latency_stats_ms(
     metric: str, values_s: Sequence[float], percentiles: Sequence[float]

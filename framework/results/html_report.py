@@ -24,8 +24,9 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from framework.results.diagnosis import diagnose
-from framework.results.console import best_trial
-from framework.config.specs import THROUGHPUT_METRICS, SweepSpec
+from framework.results.queries import best_trial, pareto_front, state_label
+from framework.base.vocabulary import THROUGHPUT_METRICS
+from framework.config.specs import SweepSpec
 
 FEASIBLE, INFEASIBLE, FRONT, LIMIT = "#2ca02c", "#ff7f0e", "#1f77b4", "#d62728"
 _PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -112,17 +113,6 @@ def _by_verdict(done: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     return [("feasible", FEASIBLE, done[feasible]), ("SLA violated", INFEASIBLE, done[~feasible])]
 
 
-def pareto_front(latency: Sequence[float], throughput: Sequence[float]) -> list[int]:
-    """Indices of the points no other point beats (lower latency and higher throughput), in
-    ascending latency."""
-    order = sorted(range(len(latency)), key=lambda i: (latency[i], -throughput[i]))
-    front: list[int] = []
-    for i in order:
-        if not front or throughput[i] > throughput[front[-1]]:
-            front.append(i)
-    return front
-
-
 def _pareto(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str], metric: str) -> str:
     x_key, y_key = _latency_key(spec, trials, metric), _throughput_key(spec)
     done = _complete(trials).assign(_x=_numeric(trials, x_key), _y=_numeric(trials, y_key))
@@ -135,7 +125,7 @@ def _pareto(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str], metric
                                  name=label, marker={"color": color, "size": 10},
                                  text=[_hover(r, params) for _, r in part.iterrows()],
                                  hoverinfo="text+x+y"))
-    front = pareto_front(done["_x"].tolist(), done["_y"].tolist())
+    front = pareto_front(list(zip(done["_x"], done["_y"])), [False, True])
     fig.add_trace(go.Scatter(x=[done["_x"].iloc[i] for i in front],
                              y=[done["_y"].iloc[i] for i in front], mode="lines+markers",
                              name="Pareto front", line={"color": FRONT, "dash": "dot"},
@@ -224,9 +214,10 @@ def _best(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str]) -> tuple
 
 
 def _result(row: Mapping[str, object]) -> tuple[str, str]:
-    if row["state"] != "COMPLETE":
-        return f"FAIL({_esc(row['fail_reason'])})", "fail"
-    return ("feasible", "ok") if row["feasible"] == True else ("SLA violated", "bad")  # noqa: E712
+    """The state label (queries.state_label), escaped, and its CSS class."""
+    label = state_label(row)
+    css = "ok" if label == "feasible" else "bad" if label == "SLA violated" else "fail"
+    return _esc(label), css
 
 
 def _table(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str], best: int | None) -> str:

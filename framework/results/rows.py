@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from framework import __version__
 from framework.results.diagnosis import diagnose
 from framework.engine.feasibility import Feasibility
-from framework.load.metrics import metric_names
+from framework.base.vocabulary import metric_names
 from framework.results.provenance import PROVENANCE_COLUMNS
 from framework.trial.objective import Verdict, error_rate
 from framework.config.search_space import BoolParam, CategoricalParam, FloatParam, IntParam, SearchSpace
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
-from framework.config.specs import Scalar
+from framework.base.vocabulary import Scalar
 from framework.trial.run import TrialOutcome
 
 SCHEMA_VERSION = 2

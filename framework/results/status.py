@@ -16,10 +16,10 @@ import pandas as pd
 import psutil
 import yaml
 
-from framework.results.console import best_trial
+from framework.results.queries import best_trial, ok_trials, pareto_front
 from framework.results.rows import param_column, plain
 from framework.engine.server_args import trial_flags
-from framework.config.specs import Scalar
+from framework.base.vocabulary import Scalar
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,6 @@ def best_as_yaml(trials: pd.DataFrame, params: list[str], maximize: bool,
 def pareto_trials(trials: pd.DataFrame, metrics: list[str], directions: list[str]) -> pd.DataFrame:
     """The feasible trials no other feasible trial dominates (at least as good in every metric,
     better in one; directions 'maximize' / 'minimize'), sorted by the first metric, best first."""
-    ok = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
-    ok = ok.dropna(subset=metrics)
-    signs = [1.0 if d == "maximize" else -1.0 for d in directions]
-    points = [[s * float(row[m]) for m, s in zip(metrics, signs)] for _, row in ok.iterrows()]
-
-    def dominated(i: int) -> bool:
-        return any(all(q >= p for q, p in zip(other, points[i])) and other != points[i]
-                   for other in points)
-
-    front = ok.iloc[[i for i in range(len(points)) if not dominated(i)]]
-    return front.sort_values(metrics[0], ascending=directions[0] != "maximize")
+    ok = ok_trials(trials).dropna(subset=metrics)
+    points = [[float(row[m]) for m in metrics] for _, row in ok.iterrows()]
+    return ok.iloc[pareto_front(points, [d == "maximize" for d in directions])]

@@ -20,7 +20,8 @@ from framework.config.search_space import (
     grid_values,
     load_search_space,
 )
-from framework.config.specs import Scalar, SweepSpec, WorkloadSpec, load_sweep
+from framework.base.vocabulary import Scalar
+from framework.config.specs import SweepSpec, WorkloadSpec, load_sweep
 from framework.results.store import ResultStore
 from framework.trial.capacity import CapacitySettings
 from framework.trial.measure import CapacityPlan, LoadPlan
@@ -50,6 +51,8 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if not spec.search_space.is_file():
         raise ConfigError(str(path), "search_space", str(spec.search_space), "file not found")
     space = load_search_space(spec.search_space)
+    if spec.gpu is not None and spec.gpu not in GPUS:
+        raise ConfigError(str(path), "gpu", spec.gpu, f"unknown GPU; known: {', '.join(GPUS)}")
     if not (spec.model / "config.json").is_file():
         raise ConfigError(str(path), "model", str(spec.model),
                           "no config.json there (for the quickstart model run `make model`)")

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from framework.load.metrics import COUNT_METRICS, PEAK_METRICS
+from framework.base.vocabulary import COUNT_METRICS, PEAK_METRICS, SLO_METRICS, parse_latency_key
 from framework.trial.stats import combine, mean_ci
-
-PER_REQUEST_SLO = ("ttft", "tpot", "e2el")
 
 
 @dataclass(frozen=True)
@@ -50,9 +48,9 @@ def goodput_slo_ms(sla: Mapping[str, float]) -> dict[str, float]:
     its percentile/mean keys (p99_ttft_ms: 250 -> {"ttft": 250})."""
     slo: dict[str, float] = {}
     for key, limit in sla.items():
-        parts = key.split("_")
-        if len(parts) == 3 and parts[1] in PER_REQUEST_SLO and parts[0] != "std":
-            slo[parts[1]] = min(limit, slo.get(parts[1], limit))
+        parsed = parse_latency_key(key)
+        if parsed is not None and parsed.metric in SLO_METRICS and parsed.stat != "std":
+            slo[parsed.metric] = min(limit, slo.get(parsed.metric, limit))
     return slo
 
 
@@ -122,13 +120,15 @@ def surely_broken(values_ms: Mapping[str, Sequence[float]], failed: int, total: 
             if total and failed / total > limit:
                 return f"error_rate: {failed} of {total} requests failed already"
             continue
-        stat, metric, _ = key.split("_")
+        parsed = parse_latency_key(key)
+        if parsed is None:
+            continue
+        metric, q = parsed.metric, parsed.percentile
         values = values_ms.get(metric)
-        if not values or metric == "itl" or stat == "std" or n < len(values):
+        if not values or metric == "itl" or parsed.stat == "std" or n < len(values):
             continue
         best = np.zeros(n)
         best[: len(values)] = values
-        q = 50.0 if stat == "median" else None if stat == "mean" else float(stat[1:])
         floor = float(best.mean()) if q is None else float(np.percentile(best, q))
         if floor > limit:
             return (f"{key}: at least {floor:.4g} ms whatever the other {n - len(values)} "

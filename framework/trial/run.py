@@ -30,7 +30,7 @@ from framework.trial.measure import (
     measure_screen,
     run_once,
 )
-from framework.load.metrics import COUNT_METRICS, PEAK_METRICS
+from framework.base.vocabulary import COUNT_METRICS, PEAK_METRICS
 from framework.engine.server_metrics import MetricsSampler, summarize
 from framework.trial.stats import combine
 

@@ -1,0 +1,72 @@
+"""Reading configuration files: YAML that rejects repeated keys, pydantic's first error as one
+(key, value, reason) line, and the one value never echoed: a secret written in a sweep file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from framework.base.errors import ConfigError
+
+HIDDEN = "<hidden>"  # shown in place of a secret's value
+
+
+class SecretInSweep(ValueError):
+    """An API key written in a sweep file at `name` (under its section); its value is never
+    shown."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__("an API key does not belong in the sweep file: it would be recorded "
+                         "with the servers' flags and environment (trial rows, report, Ray's "
+                         "tables); put it in an environment variable of the driver and name "
+                         "that variable in server.api_key_env")
+
+
+def first_error(exc: ValidationError) -> tuple[str, Any, str]:
+    """The first error as (dotted key, value, reason); a SecretInSweep's key names the
+    entry and its value is HIDDEN."""
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, SecretInSweep):
+        return f"{key}.{cause.name}", HIDDEN, msg
+    return key, err.get("input"), msg
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Parse a YAML mapping; syntax errors, repeated keys and non-mappings become ConfigError."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), "(file)", str(path), exc.strerror or str(exc)) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(yaml)"
+        lines = text.splitlines()
+        source = lines[mark.line].strip() if mark and mark.line < len(lines) else None
+        raise ConfigError(str(path), where, source, f"YAML syntax error: "
+                          f"{getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "(top level)", type(data).__name__, "expected a mapping")
+    return data
