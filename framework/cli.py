@@ -138,6 +138,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from framework.results.queries import phase_means
     from framework.sweep import plan
     from framework.sweep import loader as sweep_mod
 
@@ -156,7 +157,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     share = plan.feasible_share(configs, exhaustive, check)
     side = spec.concurrent_trials or args.side_by_side
-    estimate = plan.time_estimate(trials, spec.engine, spec.search.n_trials, side,
+    estimate = plan.time_estimate(phase_means(trials), spec.engine, spec.search.n_trials, side,
                                   plan.runs_per_server(space, spec.search.sampler)
                                   if spec.server.reuse else 1)
     print(f"sweep {spec.name}: {len(space.parameters)} parameters, "

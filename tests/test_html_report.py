@@ -29,7 +29,8 @@ from framework.results.diagnosis import (
     VERDICTS,
     diagnose,
 )
-from framework.results.html_report import pareto_front, render_report
+from framework.results.html_report import render_report
+from framework.results.queries import pareto_front, state_label
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec, load_sweep
 from framework.results.store import ResultStore
@@ -102,7 +103,9 @@ def test_every_verdict_is_reachable_and_thresholds_are_the_seeds():
 def test_pareto_front_keeps_the_points_nothing_beats():
     latency = [100.0, 200.0, 150.0, 300.0, 120.0]
     throughput = [10.0, 30.0, 5.0, 25.0, 20.0]
-    assert pareto_front(latency, throughput) == [0, 4, 1]
+    assert pareto_front(list(zip(latency, throughput)), [False, True]) == [0, 4, 1]
+    # of equal points the first stays; maximizing both puts the best first metric first
+    assert pareto_front([(1.0, 2.0), (1.0, 2.0), (2.0, 1.0)], [True, True]) == [2, 0]
 
 
 def _space() -> SearchSpace:
@@ -190,12 +193,13 @@ def fake_sweep(tiny_model) -> Iterator[FakeSweep]:
 
 
 class _TrialTable(HTMLParser):
-    """Counts the body rows of <table id='trials'>."""
+    """The body rows of <table id='trials'>, each as its cells' texts (a cell's bold text, the
+    diagnosis verdict, first)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.in_table = self.in_body = False
-        self.rows = 0
+        self.in_table = self.in_body = self.in_bold = False
+        self.rows: list[list[str]] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "table" and ("id", "trials") in attrs:
@@ -203,19 +207,35 @@ class _TrialTable(HTMLParser):
         elif self.in_table and tag == "tbody":
             self.in_body = True
         elif self.in_body and tag == "tr":
-            self.rows += 1
+            self.rows.append([])
+        elif self.in_body and tag == "td":
+            self.rows[-1].append("")
+        elif self.in_body and tag == "b":
+            self.in_bold = True
+
+    def handle_data(self, data: str) -> None:
+        if self.in_body and self.rows and self.rows[-1]:
+            self.rows[-1][-1] += data
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == "b" and self.in_bold and self.rows and self.rows[-1]:
+            self.rows[-1][-1] += "|"  # ends the verdict
+            self.in_bold = False
         if tag == "tbody":
             self.in_body = False
         if tag == "table":
             self.in_table = False
 
 
-def trial_table_rows(text: str) -> int:
+def trial_table(text: str) -> dict[int, list[str]]:
+    """Trial number -> its row's cells in the report's trial table."""
     parser = _TrialTable()
     parser.feed(text)
-    return parser.rows
+    return {int(cells[0].rstrip("*")): cells for cells in parser.rows}
+
+
+def trial_table_rows(text: str) -> int:
+    return len(trial_table(text))
 
 
 @pytest.mark.timeout(300)
@@ -238,14 +258,14 @@ def test_report_of_a_fake_sweep_renders_in_chromium(fake_sweep, tmp_path):
     number = int(failed.iloc[0]["trial_number"])
     assert f"trial {number}: <b class='fail'>unplaceable</b>" in failures
     assert html.escape(str(failed.iloc[0]["fail_detail"]), quote=False) in failures
-    verdicts = {int(r["trial_number"]): diagnose(r.to_dict(), fake_sweep.spec.sla).verdict
-                for _, r in trials.iterrows()}
-    small = trials[trials["param_max_num_seqs"] == 2].iloc[0]  # 2 slots for 8 in flight
-    assert small["feasible"] == False  # noqa: E712
-    assert verdicts[int(small["trial_number"])] == "batch_too_small"
-    assert verdicts[number] == "not_measured"
-    for verdict in verdicts.values():
-        assert f"<b>{verdict}</b>" in text
+    # what each row must say, known from how the trials were set up, not from the report's code
+    table = trial_table(text)
+    verdict = {n: next(c.split("|")[0] for c in cells if "|" in c) for n, cells in table.items()}
+    small = int(trials[trials["param_max_num_seqs"] == 2].iloc[0]["trial_number"])
+    assert verdict[small] == "batch_too_small"  # 2 slots for 8 requests in flight
+    assert "SLA violated" in table[small]
+    assert verdict[number] == "not_measured" and "FAIL(unplaceable)" in table[number]
+    assert set(verdict.values()) <= set(VERDICTS)
 
     result = check_report(out, min_plots=3)
     assert result.title == f"vllm-sweep report: {NAME}"

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from framework.engine.feasibility import Feasibility
+from framework.results.queries import phase_means
 from framework.sweep.plan import (
     DEFAULTS_S,
     configurations,
@@ -76,11 +77,12 @@ def test_time_estimate_from_history_or_defaults():
     history = rows(state=["COMPLETE", "COMPLETE", "FAIL"], startup_s=[20.0, 30.0, None],
                    warmup_s=[2.0, None, None], bench_s=[8.0, 12.0, None],
                    trial_s=[33.0, 45.0, 5.0])
-    est = time_estimate(history, "cpu", n_trials=10, side_by_side=2)
+    est = time_estimate(phase_means(history), "cpu", n_trials=10, side_by_side=2)
     assert est.per_trial_s == pytest.approx({"startup": 25.0, "warmup": 1.0, "bench": 10.0,
                                              "overhead": 3.0})
     assert est.total_s == pytest.approx(10 * 39.0 / 2)
-    fresh = time_estimate(pd.DataFrame(), "gpu", n_trials=4, side_by_side=1)
+    assert phase_means(pd.DataFrame()) is None
+    fresh = time_estimate(None, "gpu", n_trials=4, side_by_side=1)
     assert fresh.per_trial_s == DEFAULTS_S["gpu"] and "defaults" in fresh.source
     assert fresh.starts == 4
 
@@ -91,7 +93,7 @@ def test_time_estimate_with_server_reuse():
     history = rows(state=["COMPLETE"] * 3, startup_s=[20.0, 30.0, 0.1],
                    server_reused=[False, False, True], warmup_s=[1.0, 1.0, 1.0],
                    bench_s=[10.0, 10.0, 10.0], trial_s=[34.0, 44.0, 14.1])
-    est = time_estimate(history, "cpu", n_trials=10, side_by_side=1, runs_per_server=4)
+    est = time_estimate(phase_means(history), "cpu", n_trials=10, side_by_side=1, runs_per_server=4)
     assert est.per_trial_s["startup"] == pytest.approx(25.0)
     assert est.starts == 3
     assert est.total_s == pytest.approx(3 * 25.0 + 10 * 14.0, rel=1e-3)

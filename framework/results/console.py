@@ -15,7 +15,12 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from framework.trial.objective import gain
+from framework.results.queries import (  # noqa: F401 - Best and best_trial re-exported
+    Best,
+    best_trial,
+    confirmed_scores,
+    state_label,
+)
 from framework.results.rows import param_column
 
 
@@ -81,64 +86,6 @@ class Progress:
                    f"best feasible so far {_fmt(self.best)}")
 
 
-@dataclass(frozen=True)
-class Best:
-    number: int
-    objective: float
-    serve_command: str
-    params: dict[str, object]
-    baseline_objective: float | None
-    gain: float | None
-
-
-def confirmed_scores(trials: pd.DataFrame) -> dict[int, float]:
-    """Trials re-measured by confirmation runs -> the mean objective over the original and its
-    confirmations; a trial any of whose measurements is not COMPLETE and feasible is left
-    out (its confirmation broke the SLA or failed)."""
-    if "confirmation_of" not in trials or trials["confirmation_of"].isna().all():
-        return {}
-    scores: dict[int, float] = {}
-    for original, group in trials.groupby("confirmation_of"):
-        measured = pd.concat([trials[trials["trial_number"] == original], group])
-        good = (measured["state"] == "COMPLETE") & (measured["feasible"] == True)  # noqa: E712
-        if len(measured) > len(group) and good.all():
-            scores[int(original)] = float(measured["objective"].mean())
-    return scores
-
-
-def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> Best | None:
-    """The best COMPLETE and feasible trial, with its gain over the baseline trial if any.
-    After confirmation runs the best is chosen among the confirmed trials on the mean of
-    their measurements (confirmed_scores), if any survived."""
-    if trials.empty:
-        return None
-    ok = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
-    if ok.empty:
-        return None
-    scores = confirmed_scores(trials)
-    if scores:
-        number = (max if maximize else min)(scores, key=scores.__getitem__)
-        row, value = ok[ok["trial_number"] == number].iloc[0], scores[number]
-    else:
-        row = ok.loc[ok["objective"].idxmax() if maximize else ok["objective"].idxmin()]
-        value = float(row["objective"])
-    base = trials[(trials["is_baseline"] == True) & (trials["state"] == "COMPLETE")]  # noqa: E712
-    base_obj = float(base["objective"].iloc[0]) if not base.empty else None
-    return Best(number=int(row["trial_number"]), objective=value,
-                serve_command=str(row["serve_command"]),
-                params={p: row[param_column(p)] for p in params},
-                baseline_objective=base_obj,
-                gain=gain(value, base_obj, maximize) if base_obj is not None else None)
-
-
-def _result(row: pd.Series) -> str:
-    if row["state"] in ("PRUNED", "INFEASIBLE"):
-        return str(row["state"])
-    if row["state"] != "COMPLETE":
-        return f"FAIL({row['fail_reason']})"
-    return "feasible" if row["feasible"] else "SLA violated"
-
-
 def trials_table(trials: pd.DataFrame, params: Sequence[str], columns: Sequence[str]) -> Table:
     """One row per trial: parameters, the objective and SLA metrics, and the verdict."""
     table = Table(title="Trials")
@@ -147,7 +94,7 @@ def trials_table(trials: pd.DataFrame, params: Sequence[str], columns: Sequence[
     for _, row in trials.iterrows():
         label = f"{int(row['trial_number'])}{'*' if row['is_baseline'] else ''}"
         table.add_row(label, *[_fmt(row[param_column(p)]) for p in params],
-                      *[_fmt(row[c]) for c in columns], _result(row))
+                      *[_fmt(row[c]) for c in columns], state_label(row))
     table.caption = "* baseline: vLLM's defaults (no tuned flag passed)"
     return table
 

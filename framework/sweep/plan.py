@@ -21,10 +21,13 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
 
 from framework.engine.feasibility import Feasibility
+
+if TYPE_CHECKING:
+    from framework.results.queries import PhaseMeans
 from framework.config.search_space import (
     SIBLING_VALUES,
     FloatParam,
@@ -32,7 +35,7 @@ from framework.config.search_space import (
     SearchSpace,
     discrete_values,
 )
-from framework.config.specs import Scalar
+from framework.base.vocabulary import Scalar
 
 ENUMERATE_LIMIT = 20_000
 SAMPLE_SIZE = 2_000
@@ -141,25 +144,17 @@ class TimeEstimate:
         return (self.starts * per["startup"] + self.trials * rest) / max(1, self.side_by_side)
 
 
-def time_estimate(trials: pd.DataFrame, engine: str, n_trials: int,
+def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
                   side_by_side: int, runs_per_server: int = 1) -> TimeEstimate:
-    """Phase means of the finished trials of this sweep, else DEFAULTS_S for the engine."""
+    """Phase means of the finished trials of this sweep (results.queries.phase_means), else
+    DEFAULTS_S for the engine (also for a phase no trial measured)."""
     starts = math.ceil(n_trials / max(1, runs_per_server))
     base = dict(DEFAULTS_S[engine])
-    done = trials[trials["state"] == "COMPLETE"] if not trials.empty else trials
-    if done.empty:
+    if history is None:
         return TimeEstimate(base, f"defaults for the {engine} engine", n_trials, side_by_side,
                             starts)
-    def col(name: str) -> pd.Series:  # rows of older schemas may lack a column
-        return done[name].astype(float) if name in done else pd.Series(0.0, index=done.index)
-
-    warmup = col("warmup_s").fillna(0)
-    fresh = (~done["server_reused"].fillna(False).astype(bool) if "server_reused" in done
-             else pd.Series(True, index=done.index))
-    measured = {"startup": col("startup_s")[fresh].mean(), "warmup": warmup.mean(),
-                "bench": col("bench_s").mean(),
-                "overhead": (col("trial_s") - col("startup_s") - warmup
-                             - col("bench_s")).clip(lower=0).mean()}
-    per = {k: float(v) if pd.notna(v) else base[k] for k, v in measured.items()}
-    return TimeEstimate(per, f"means of this sweep's {len(done)} measured trials", n_trials,
+    measured = {"startup": history.startup, "warmup": history.warmup, "bench": history.bench,
+                "overhead": history.overhead}
+    per = {k: v if v is not None else base[k] for k, v in measured.items()}
+    return TimeEstimate(per, f"means of this sweep's {history.trials} measured trials", n_trials,
                         side_by_side, starts)

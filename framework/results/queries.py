@@ -1,0 +1,128 @@
+"""The queries every reader of a sweep's trial rows shares, defined once: the measured and
+feasible trials, a trial's state label, the best trial (after confirmation runs: the best
+confirmed mean) with its gain over the baseline, the Pareto front, and the phase means a time
+estimate starts from."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from framework.results.rows import param_column
+from framework.trial.objective import gain
+
+
+def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The COMPLETE trials that met the SLA."""
+    return trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
+
+
+def state_label(row: Mapping[str, object]) -> str:
+    """PRUNED, INFEASIBLE (ruled out before launch), FAIL(<reason>), feasible or SLA violated."""
+    if row["state"] in ("PRUNED", "INFEASIBLE"):
+        return str(row["state"])
+    if row["state"] != "COMPLETE":
+        return f"FAIL({row['fail_reason']})"
+    return "feasible" if row["feasible"] == True else "SLA violated"  # noqa: E712
+
+
+@dataclass(frozen=True)
+class Best:
+    number: int
+    objective: float
+    serve_command: str
+    params: dict[str, object]
+    baseline_objective: float | None
+    gain: float | None
+
+
+def confirmed_scores(trials: pd.DataFrame) -> dict[int, float]:
+    """Trials re-measured by confirmation runs -> the mean objective over the original and its
+    confirmations; a trial any of whose measurements is not COMPLETE and feasible is left
+    out (its confirmation broke the SLA or failed)."""
+    if "confirmation_of" not in trials or trials["confirmation_of"].isna().all():
+        return {}
+    scores: dict[int, float] = {}
+    for original, group in trials.groupby("confirmation_of"):
+        measured = pd.concat([trials[trials["trial_number"] == original], group])
+        good = (measured["state"] == "COMPLETE") & (measured["feasible"] == True)  # noqa: E712
+        if len(measured) > len(group) and good.all():
+            scores[int(original)] = float(measured["objective"].mean())
+    return scores
+
+
+def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> Best | None:
+    """The best COMPLETE and feasible trial, with its gain over the baseline trial if any.
+    After confirmation runs the best is chosen among the confirmed trials on the mean of
+    their measurements (confirmed_scores), if any survived."""
+    if trials.empty:
+        return None
+    ok = ok_trials(trials)
+    if ok.empty:
+        return None
+    scores = confirmed_scores(trials)
+    if scores:
+        number = (max if maximize else min)(scores, key=scores.__getitem__)
+        row, value = ok[ok["trial_number"] == number].iloc[0], scores[number]
+    else:
+        row = ok.loc[ok["objective"].idxmax() if maximize else ok["objective"].idxmin()]
+        value = float(row["objective"])
+    base = trials[(trials["is_baseline"] == True) & (trials["state"] == "COMPLETE")]  # noqa: E712
+    base_obj = float(base["objective"].iloc[0]) if not base.empty else None
+    return Best(number=int(row["trial_number"]), objective=value,
+                serve_command=str(row["serve_command"]),
+                params={p: row[param_column(p)] for p in params},
+                baseline_objective=base_obj,
+                gain=gain(value, base_obj, maximize) if base_obj is not None else None)
+
+
+def pareto_front(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[int]:
+    """Indices of the points no other point dominates (at least as good in every metric, better
+    in one), best first by the first metric; of equal points the first is kept."""
+    signs = [1.0 if m else -1.0 for m in maximize]
+    scored = [[s * float(v) for s, v in zip(signs, p)] for p in points]
+    order = sorted(range(len(scored)), key=lambda i: [-v for v in scored[i]])
+    front: list[int] = []
+    for i in order:
+        if not any(all(q >= p for q, p in zip(scored[j], scored[i])) for j in front):
+            front.append(i)
+    return front
+
+
+@dataclass(frozen=True)
+class PhaseMeans:
+    """Mean seconds per phase over a sweep's measured trials (start-up over fresh servers
+    only; None where no trial measured it)."""
+
+    trials: int
+    startup: float | None
+    warmup: float | None
+    bench: float | None
+    overhead: float | None
+
+
+def phase_means(trials: pd.DataFrame) -> PhaseMeans | None:
+    """The phase means of the COMPLETE trials (None if there is none); overhead = trial time
+    less start-up, warm-up and load, at least 0."""
+    done = trials[trials["state"] == "COMPLETE"] if not trials.empty else trials
+    if done.empty:
+        return None
+
+    def col(name: str) -> pd.Series:  # rows of older schemas may lack a column
+        return done[name].astype(float) if name in done else pd.Series(0.0, index=done.index)
+
+    warmup = col("warmup_s").fillna(0)
+    fresh = (~done["server_reused"].fillna(False).astype(bool) if "server_reused" in done
+             else pd.Series(True, index=done.index))
+
+    def mean(series: pd.Series) -> float | None:
+        value = series.mean()
+        return None if pd.isna(value) or math.isnan(float(value)) else float(value)
+
+    return PhaseMeans(trials=len(done), startup=mean(col("startup_s")[fresh]), warmup=mean(warmup),
+                      bench=mean(col("bench_s")),
+                      overhead=mean((col("trial_s") - col("startup_s") - warmup
+                                     - col("bench_s")).clip(lower=0)))
