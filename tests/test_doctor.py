@@ -15,8 +15,10 @@ import pytest
 import yaml
 from rich.console import Console
 
+from framework.cluster import node_report
+from framework.cluster.node_report import Gpu, NodeReport
 from framework.sweep import doctor
-from framework.sweep.doctor import FAIL, OK, SKIPPED, Check, Gpu, NodeReport, ServerPlan
+from framework.sweep.doctor import FAIL, OK, SKIPPED, Check, ServerPlan
 from framework.load.loadgen import RequestRecord
 from framework.trial.measure import LoadStep
 from framework.cluster.placement import Shape
@@ -122,15 +124,15 @@ def test_skipped_rows_do_not_fail():
 
 
 def test_writable(tmp_path):
-    assert doctor.writable(tmp_path / "new" / "cache") == ""
+    assert node_report.writable(tmp_path / "new" / "cache") == ""
     assert (tmp_path / "new" / "cache").is_dir()
     (tmp_path / "a_file").write_text("")  # root may write anywhere, but not under a file
-    assert doctor.writable(tmp_path / "a_file" / "cache").startswith("not writable: ")
+    assert node_report.writable(tmp_path / "a_file" / "cache").startswith("not writable: ")
 
 
 def test_parse_nvidia_smi():
     text = "NVIDIA A100-SXM4-80GB, 81920\nNVIDIA A100-SXM4-80GB, 81920\n\nNo devices were found\n"
-    assert doctor.parse_nvidia_smi(text) == (Gpu("NVIDIA A100-SXM4-80GB", 80.0),) * 2
+    assert node_report.parse_nvidia_smi(text) == (Gpu("NVIDIA A100-SXM4-80GB", 80.0),) * 2
 
 
 def test_cpu_engine_plans_one_server_and_skips_tp_and_pp():
@@ -250,7 +252,7 @@ def test_probe_node_on_this_machine_expands_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     report = probe_node("127.0.0.1", "~/.cache/vllm-sweep", "127.0.0.1")
     assert report.cache_dir == str(tmp_path / ".cache" / "vllm-sweep") and report.cache_error == ""
-    assert report.free_ports == doctor.MIN_FREE_PORTS
+    assert report.free_ports == node_report.MIN_FREE_PORTS
     assert report.versions["vllm"].startswith("0.") and report.versions["ray"] == "2.60.0"
     assert doctor.gpu_check(report, "cpu").result == OK
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from framework.sweep.doctor import MIN_FREE_PORTS, MISSING, Gpu, NodeReport, parse_nvidia_smi, writable
+from framework.cluster.node_report import MIN_FREE_PORTS, MISSING, Gpu, NodeReport, parse_nvidia_smi, writable
 from framework.cluster.ports import SERVER_PORTS, ephemeral_range, pick_port
 
 PROBE_TIMEOUT_S = 180.0

@@ -14,62 +14,38 @@ so this module imports no Ray.
 from __future__ import annotations
 
 import re
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
 
-from framework.trial.measure import LoadPlan
+from framework.cluster.node_report import (
+    MIN_FREE_PORTS,
+    MISSING,
+    VERSION_KEYS,
+    Gpu,
+    NodeReport,
+    writable,
+)
 from framework.cluster.placement import Bundle, Shape, bundles, fits, why_unplaceable
 from framework.cluster.ports import SERVER_PORTS
 from framework.engine.server_args import server_argv, trial_flags
 from framework.sweep.loader import Sweep, cache_dir, feasibility, load_plan
+from framework.trial.measure import LoadPlan
 from framework.trial.run import ServerLauncher, TrialOutcome, run_trial
 
 OK, FAIL, SKIPPED = "ok", "FAIL", "skipped"
 DOCTOR_REQUESTS = 20  # measured requests per server, no warm-up
-MIN_FREE_PORTS = 4  # server ports that must bind on each node
-VERSION_KEYS = ("vllm", "torch", "cuda", "ray", "python")
 REQUIRED = ("vllm", "torch", "ray")  # "missing" on a node is a failure
-MISSING = "missing"
 ALL_NODES, DRIVER = "all nodes", "driver"
 PIN = 0.001  # of a node's `node:<ip>` resource (Ray gives every node 1): pins a bundle there
 CPU_SKIP = "CPU engine: TP/PP checks need GPUs"
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    memory_gib: float
-
-
-@dataclass(frozen=True)
-class NodeReport:
-    """What `node_probe.probe_node` saw on one node, plus Ray's total resources of it. `gpus`
-    are the CUDA devices torch sees (`cuda_visible` of them), else nvidia-smi's list; `error`
-    set means the probe itself failed and nothing else is known."""
-
-    node_ip: str
-    node_id: str = ""
-    resources: Mapping[str, float] = field(default_factory=dict)
-    gpus: tuple[Gpu, ...] = ()
-    cuda_visible: int = 0
-    versions: Mapping[str, str] = field(default_factory=dict)  # VERSION_KEYS -> version
-    cache_dir: str = ""  # as expanded on the node
-    cache_error: str = ""  # "" = writable
-    free_ports: int = 0  # of MIN_FREE_PORTS picked in SERVER_PORTS
-    error: str = ""
-
-    @property
-    def ray_gpus(self) -> int:
-        return int(self.resources.get("GPU", 0))
 
 
 @dataclass(frozen=True)
@@ -97,29 +73,6 @@ class ServerPlan:
         for bundle, ip in zip(out, self.nodes):
             bundle[f"node:{ip}"] = PIN
         return out
-
-
-def writable(path: Path) -> str:
-    """"" if a file can be created in `path` (made with its parents if missing), else why not."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".vllm-sweep-doctor-"):
-            pass
-    except OSError as exc:
-        return f"not writable: {exc.strerror or exc}"
-    return ""
-
-
-def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
-    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits` -> GPUs."""
-    gpus = []
-    for line in text.splitlines():
-        name, _, mib = line.rpartition(",")
-        try:
-            gpus.append(Gpu(name.strip(), float(mib) / 1024))
-        except ValueError:
-            continue
-    return tuple(g for g in gpus if g.name)
 
 
 def describe_gpus(gpus: Sequence[Gpu]) -> str:
