@@ -105,7 +105,7 @@ def test_latency_objective_and_type():
 
 
 def test_missing_sla_metric_raises():
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="p99_e2el_ms"):
         evaluate(METRICS, {"p99_e2el_ms": 100}, "output_throughput")
 
 
