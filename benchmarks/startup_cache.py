@@ -9,7 +9,7 @@ VLLM_CACHE_ROOT of every server on a node at one folder, `.cache/vllm`, across t
 sweeps); then a second configuration (other --max-num-seqs) on that cache, twice; then the
 first configuration with --enforce-eager (no compilation at all) for reference. Per start:
 seconds from Popen to the first 200 of /health. One start each: the difference of interest
-(tens of seconds) is far above the start-up noise (a few seconds, FIELD_NOTES). Prints the
+(tens of seconds) is far above the start-up noise (a few seconds, docs/BENCHMARKS.md). Prints the
 table and appends it to docs/BENCHMARKS.md unless --no-doc.
 """
 

@@ -32,7 +32,7 @@ from framework.load.loadgen import LoadResult, RequestRecord, run_load
 from framework.load.metrics import compute_metrics
 from framework.engine.server_metrics import MetricsSampler, summarize
 from framework.load.workload import Dataset, RequestSpec, load_tokenizer
-from tests.conftest import CLI, ROOT
+from tests.helpers import CLI, ROOT
 
 SAMPLE = ROOT / "datasets" / "sharegpt_sample.json"
 OUR_OWN_FLAGS = {"--result-json", "--duration-s", "--request-timeout-s", "--min-prompt-tokens",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def vllm_sweep(*args: str, cwd: Path = ROOT,

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from framework.engine.feasibility import GPUS
-from tests.conftest import ROOT, cli_env, new_marker, wait_no_marked_processes
-from tests.test_ray_job_submit import free_ports, stop_group
+from tests.helpers import ROOT, cli_env, new_marker, wait_no_marked_processes
+from tests.helpers import free_ports, stop_group
 
 CLUSTER = ROOT / "cluster.yaml"
 VENV = Path(sys.executable).parent.parent

@@ -23,7 +23,7 @@ from framework.load.loadgen import RequestRecord
 from framework.trial.measure import LoadStep
 from framework.cluster.placement import Shape
 from framework.trial.run import TrialOutcome
-from tests.conftest import ROOT, emulated_cluster, joined_cli_env, run_cli
+from tests.helpers import ROOT, emulated_cluster, joined_cli_env, run_cli
 
 VERSIONS = {"vllm": "0.32.0", "torch": "2.13.0", "cuda": "12.8", "ray": "2.60.0",
             "python": "3.11.7"}

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 import yaml
 
-from tests.conftest import (
+from tests.helpers import (
     cli_env,
     cli_process,
     marked_processes,
@@ -22,7 +22,7 @@ from tests.conftest import (
     run_cli,
     wait_no_marked_processes,
 )
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import read_trials
 
 pytestmark = pytest.mark.server
 SECRET = "sk-vllm-sweep-test-3f9a7c1e"

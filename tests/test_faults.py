@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import (
+from tests.helpers import (
     cli_env,
     cli_process,
     marked_processes,
@@ -20,7 +20,7 @@ from tests.conftest import (
     run_cli,
     wait_no_marked_processes,
 )
-from tests.test_sweep_e2e import read_trials, write_sweep
+from tests.helpers import read_trials, write_sweep
 
 pytestmark = pytest.mark.server
 

@@ -26,8 +26,8 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import emulated_cluster, joined_cli_env, run_cli
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import emulated_cluster, joined_cli_env, run_cli
+from tests.helpers import read_trials
 
 pytestmark = pytest.mark.server
 GPUS_PER_NODE = 4

@@ -30,13 +30,13 @@ from framework.results.diagnosis import (
     diagnose,
 )
 from framework.results.html_report import render_report
-from framework.results.queries import pareto_front, state_label
+from framework.results.queries import pareto_front
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec, load_sweep
 from framework.results.store import ResultStore
 from framework.search.tuner import Evaluation, Tuner, param_importances
 from tests.browser import check_report, external_references, render
-from tests.conftest import ROOT, emulated_cluster, joined_cli_env, run_cli
+from tests.helpers import ROOT, emulated_cluster, joined_cli_env, run_cli
 
 SLA = {"p99_ttft_ms": 500.0, "p99_tpot_ms": 10.0}
 HEALTHY = {"state": "COMPLETE", "completed": 200, "max_concurrent_requests": 32,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import emulated_cluster, joined_cli_env, marked_processes, run_cli
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import emulated_cluster, joined_cli_env, marked_processes, run_cli
+from tests.helpers import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -12,8 +12,8 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import CLI, emulated_cluster, joined_cli_env
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import CLI, emulated_cluster, joined_cli_env
+from tests.helpers import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -20,7 +20,7 @@ from framework.sweep.plan import (
     time_estimate,
 )
 from framework.config.search_space import SearchSpace, load_search_space
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def space(parameters: dict) -> SearchSpace:

@@ -10,7 +10,7 @@ import pytest
 
 from framework.results.provenance import cpu_name, git_commit, hardware, provenance, workload_sha256
 from framework.config.specs import SweepSpec
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def spec(**workload) -> SweepSpec:

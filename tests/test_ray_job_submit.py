@@ -5,7 +5,7 @@ sweep names.
 The pytest process never joins the cluster: node counts come from a short-lived subprocess with a
 timeout, the job is submitted with the `ray job submit` CLI (with a timeout), and its status and
 logs are read over plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process
-group, never with the Ray CLI's stop command (FIELD_NOTES: it kills every Ray on the machine).
+group, never with the Ray CLI's stop command (`ray stop` kills every Ray on the machine, not just this test's).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,12 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import duckdb
-import psutil
 import pytest
 import yaml
 
-from framework.cluster.ports import pick_port
-from tests.conftest import ROOT, cli_env, new_marker, wait_no_marked_processes
+from tests.helpers import ROOT, cli_env, free_ports, new_marker, stop_group, wait_no_marked_processes
 
 pytestmark = pytest.mark.server
 
@@ -41,15 +38,6 @@ import sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 print("ALIVE", sum(1 for n in ray.nodes() if n["Alive"]), flush=True)
 """
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct ports outside the kernel's ephemeral range (ports.pick_port), so the Ray
-    processes' own port-0 binds cannot take them before `ray start` binds them."""
-    ports: list[int] = []
-    for _ in range(n):
-        ports.append(pick_port("127.0.0.1", ports))
-    return ports
 
 
 def node_env(marker: str, tmp: Path) -> dict[str, str]:
@@ -86,41 +74,6 @@ def write_sweep(job_dir: Path, model: Path, results: Path) -> Path:
     path = job_dir / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
     return path
-
-
-def _group_pids(pgid: int) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid:
-                found.append(proc)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return found
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM the process group of a `ray start --block`, wait, then SIGKILL what is left."""
-    pgid = proc.pid
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()
-        if not _group_pids(pgid):
-            break
-        time.sleep(0.5)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-    psutil.wait_procs(_group_pids(pgid), timeout=10)
 
 
 def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float) -> None:

@@ -21,7 +21,7 @@ from framework.results.rows import REQUEST_COLUMNS, param_column, trial_columns
 from framework.config.search_space import SearchSpace, load_search_space
 from framework.config.specs import WorkloadSpec
 from framework.results.store import KINDS
-from tests.conftest import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.helpers import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
 
 DOC = ROOT / "docs" / "RESULTS.md"
 COLUMN_HEADER = ["column", "type", "unit", "meaning"]
@@ -164,7 +164,7 @@ def test_param_columns_follow_the_documented_rule():
 def test_pandas_turns_int_and_bool_columns_with_nulls_into_float_and_object(tmp_path):
     """What the Types table says about nulls: a FAIL row makes pandas' default `completed`
     float64 and `feasible` object; the pyarrow backend and DuckDB keep int and bool."""
-    from tests.test_status import write_rows
+    from tests.helpers import write_rows
 
     write_rows(tmp_path)  # trials of sweep "killed", one with fail_reason startup_crash
     folder = tmp_path / "killed" / "trials"

@@ -12,8 +12,8 @@ import time
 import duckdb
 import pytest
 
-from tests.conftest import CLI, cli_env, new_marker, read_until, run_cli, wait_no_marked_processes
-from tests.test_sweep_e2e import read_trials, write_sweep
+from tests.helpers import CLI, cli_env, new_marker, read_until, run_cli, wait_no_marked_processes
+from tests.helpers import read_trials, write_sweep
 
 pytestmark = pytest.mark.server
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import emulated_cluster, joined_cli_env, run_cli
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import emulated_cluster, joined_cli_env, run_cli
+from tests.helpers import read_trials
 
 pytestmark = pytest.mark.server
 NODES, GPUS_PER_NODE, TRIALS = 4, 8, 40
@@ -146,6 +146,10 @@ def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
     print(f"busy fraction while trials were queued: {fraction:.1%} over "
           f"{sum(b - a for a, b in queued):.0f} s of queueing; {len(placed)} trials placed")
     assert queued, "the cluster never filled up: the test did not exercise queueing"
+    # A floor that catches a scheduling regression (one trial waiting at a time gave 79-83%,
+    # docs/BENCHMARKS.md); the 90% target is measured by benchmarks/scheduling.py, since the
+    # fraction moves a few points with the machine's load (88-96% measured since).
+    assert fraction >= 0.85, f"busy fraction while trials were queued {fraction:.1%} < 85%"
 
 
 def test_busy_fraction_by_hand():

@@ -17,8 +17,8 @@ from optuna.trial import TrialState
 from framework.base.errors import ConfigError
 from framework.config.specs import load_sweep
 from framework.search.tuner import FarFromBestPruner
-from tests.conftest import cli_env, new_marker, run_cli, wait_no_marked_processes
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.helpers import read_trials
 
 
 def _study(direction: str, finished: list[tuple[float, float]]) -> optuna.Study:

@@ -16,8 +16,8 @@ import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from tests.conftest import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.helpers import read_trials
 
 pytestmark = pytest.mark.server
 MODEL_70B = ROOT / "model_configs" / "deepseek-r1-distill-llama-70b"

@@ -18,8 +18,8 @@ from framework.sweep.loader import with_run_settings
 from framework.trial.measure import LoadPlan
 from framework.search.tuner import Tuner
 from framework.load.workload import RequestSpec, arrival_offsets
-from tests.conftest import cli_env, new_marker, run_cli, wait_no_marked_processes
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.helpers import read_trials
 
 SPACE = {"max-num-seqs": {"type": "categorical", "choices": [4, 8, 16], "default": 16},
          "max-concurrency": {"type": "categorical", "choices": [2, 4], "kind": "run"},

@@ -24,7 +24,7 @@ import pytest
 
 from framework.base.errors import ClusterError
 from framework.cluster.driver_session import SESSION_VAR, DriverSession
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 WAIT_S = 30.0
 
@@ -101,7 +101,7 @@ def test_a_live_driver_in_the_same_process_refuses_a_second_and_keeps_its_lock(t
                 pass
         other = subprocess.run(  # the refused entry left this process's lock in place
             [sys.executable, "-c", "import sys; from pathlib import Path; from framework.cluster.driver_session "
-             f"import DriverSession; DriverSession(Path(sys.argv[1]), lock_wait_s=0.2)"
+             "import DriverSession; DriverSession(Path(sys.argv[1]), lock_wait_s=0.2)"
              ".__enter__()", str(state_file)],
             cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
         assert other.returncode == 1

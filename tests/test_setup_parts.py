@@ -15,7 +15,7 @@ from framework.engine.vllm_server import parse_server_args
 from framework.base.errors import TrialError
 from framework.tools.tiny_model import TinyLlamaShape, build_tiny_llama, is_built
 from framework.load.workload import load_tokenizer
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_tiny_model_matches_its_shape_and_tokenizes_round_trip(tiny_model):

@@ -5,44 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 
-from framework.trial.objective import Verdict
-from framework.results.rows import TrialContext, trial_columns, trial_row
-from framework.config.search_space import load_search_space
-from framework.results.store import ResultStore
-from framework.trial.run import TrialOutcome
-from tests.conftest import ROOT
+from tests.helpers import ROOT, write_rows
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-
-
-def write_rows(results: Path) -> None:
-    space = load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml")
-    columns = trial_columns(space, (50, 99))
-    store = ResultStore(results, "killed")
-    base = {"max-num-seqs": 128, "max-num-batched-tokens": 2048, "enable-chunked-prefill": True,
-            "enable-prefix-caching": True}
-    cases = [  # number, params, baseline, objective, feasible, fail_reason
-        (0, base, True, 100.0, True, None),
-        (1, {**base, "max-num-seqs": 16}, False, 150.0, True, None),
-        (2, {**base, "max-num-seqs": 4}, False, 400.0, False, None),  # best value, but infeasible
-        (3, {**base, "max-num-seqs": 8}, False, None, None, "startup_crash"),
-        (4, {**base, "max-num-seqs": 2}, False, None, None, "infeasible"),
-    ]
-    for number, params, baseline, objective, feasible, fail in cases:
-        outcome = TrialOutcome(started_at=T0 + timedelta(seconds=60 * number), argv=("--x",),
-                               trial_s=40.0, fail_reason=fail,
-                               metrics={"completed": 10, "failed": 0} if fail is None else {})
-        verdict = None if fail else Verdict(objective, feasible, {}, ())
-        ctx = TrialContext(number=number, params=params, is_baseline=baseline,
-                           serve_command=f"vllm serve m --trial {number}", vllm_version="x",
-                           server_log="")
-        store.write_trial(trial_row(ctx, outcome, verdict, columns), columns)
 
 
 def sweep_file(tmp: Path, tiny_model: Path) -> Path:

@@ -6,7 +6,8 @@ Registered as entry point `vllm_sweep_cpu` in group `vllm.platform_plugins`; vLL
 vLLM picks its platform as usual, so GPU runs use stock vLLM. `VLLM_TARGET_DEVICE` must be
 unset: setting it to cpu makes vLLM skip platform plugins.
 
-What it changes (FIELD_NOTES, "vLLM inside a trial's own placement group"):
+What it changes (docs/ARCHITECTURE.md, "Why in-process vLLM in an actor"; vLLM 0.32's
+vllm/v1/executor/ray_executor_v2.py and vllm/platforms/cpu.py):
 1. `RayCpuPlatform` = vLLM's `CpuPlatform` with `ray_device_key = "CPU"`: placement-group bundles
    of `{CPU: n}` count as devices, so vLLM puts one worker in each of the trial's bundles.
 2. vLLM's Ray executors request `resources={"CPU": k}` for workers on non-GPU platforms, which

@@ -1,7 +1,7 @@
 """Build the tiny random-weight Llama that the embedded default sweep serves (no download).
 
-Architecture (FIELD_NOTES): vocab 4096, hidden 256, intermediate 512, 2 layers, 4 heads,
-2 KV heads, 4096 positions, bf16, about 3.3 M parameters. The tokenizer is a byte-level BPE
+Architecture: vocab 4096, hidden 256, intermediate 512, 2 layers, 4 heads, 2 KV heads, 4096
+positions, bf16, about 3.3 M parameters. The tokenizer is a byte-level BPE
 trained on the Python standard library's own sources, so the build needs no network. The
 weights are random but seeded: the same seed gives the same files.
 """

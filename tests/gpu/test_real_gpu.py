@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
-from tests.test_sweep_e2e import read_trials
+from tests.helpers import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.helpers import read_trials
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,

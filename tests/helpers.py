@@ -1,0 +1,259 @@
+"""Helpers shared by the tests (fixtures live in conftest.py): the tiny model's place, the CLI
+as a child process, processes found by an environment marker, emulated multi-node Ray clusters
+on loopback addresses, and reading a sweep's trial rows back.
+
+Server tests tag every process they start with a unique environment variable and look for it
+afterwards with psutil: that finds the sweep's Ray and vLLM processes (and only those).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import psutil
+import yaml
+
+from framework.cluster.ports import pick_port
+from framework.config.search_space import load_search_space
+from framework.results.rows import TrialContext, trial_columns, trial_row
+from framework.results.store import ResultStore
+from framework.trial.objective import Verdict
+from framework.trial.run import TrialOutcome
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL = ROOT / "models" / "tiny-llama"
+CLI = [sys.executable, "-m", "framework.cli"]
+MARKER_VAR = "VLLM_SWEEP_TEST_MARKER"
+HEAD_IP = "127.0.0.9"  # emulated heads: loopback, apart from the 127.0.0.2.. workers
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MARKER_VAR) == marker:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_no_marked_processes(marker: str, timeout_s: float = 45.0) -> list[str]:
+    """Poll until no process carries the marker; returns descriptions of any left."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = marked_processes(marker)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    described = []
+    for proc in left:
+        try:
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return described
+
+
+def cli_env(marker: str, tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({MARKER_VAR: marker, "TMPDIR": str(tmp), "RAY_AUTH_MODE": "disabled",
+                "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def new_marker() -> str:
+    return uuid.uuid4().hex
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def emulated_cluster(tmp: Path, nodes: list[dict]):
+    """A Ray cluster of several nodes on this machine (ray.cluster_utils; `nodes[0]` is the
+    head, later ones should set distinct `node_ip_address`es like 127.0.0.2). The head gets
+    HEAD_IP unless it names its own: every node has a loopback address (Ray would otherwise give
+    the head the machine's address, and servers with `host: node` would bind it), asserted
+    once the nodes are up. Every process is tagged with a fresh marker; yields (cluster, gcs
+    address, marker) and, on exit, shuts the cluster down and asserts none of its processes is
+    left."""
+    from ray.cluster_utils import Cluster
+
+    marker = new_marker()
+    saved = {k: os.environ.get(k) for k in (MARKER_VAR, "RAY_TMPDIR", "VLLM_TARGET_DEVICE")}
+    os.environ[MARKER_VAR] = marker
+    os.environ["RAY_TMPDIR"] = str(tmp)  # Ray's address file and sessions stay in here
+    os.environ.pop("VLLM_TARGET_DEVICE", None)  # it would bypass vLLM platform plugins
+    cluster = Cluster(shutdown_at_exit=True)
+    try:
+        cluster.add_node(include_dashboard=False, **{"node_ip_address": HEAD_IP, **nodes[0]})
+        for node in nodes[1:]:
+            cluster.add_node(**node)
+        cluster.wait_for_nodes(timeout=120)
+        assert_loopback_nodes(cluster.address)
+        yield cluster, cluster.address, marker
+    finally:
+        cluster.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        left = wait_no_marked_processes(marker)
+    assert left == [], left
+
+
+def assert_loopback_nodes(address: str) -> None:
+    """Every node of the cluster at `address` has a loopback address (checked from a child
+    process, so this process joins no cluster)."""
+    code = ("import ray; ray.init(address=%r, logging_level='ERROR'); "
+            "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))" % address)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, RAY_ADDRESS="")).stdout.split()
+    assert out and all(ipaddress.ip_address(ip).is_loopback for ip in out), out
+
+
+def joined_cli_env(marker: str, tmp: Path) -> dict[str, str]:
+    """cli_env for a sweep that joins a cluster through `cluster.address` (no RAY_ADDRESS)."""
+    env = cli_env(marker, tmp)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@contextlib.contextmanager
+def cli_process(args: list[str], cwd: Path, env: dict[str, str]):
+    """`vllm-sweep <args>` as a child process (stdout and stderr on one pipe, text); killed by
+    PID if it is still running when the block ends."""
+    proc = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def read_until(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
+    """Read a child's stdout lines until `text` appears (or EOF, or the deadline)."""
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while text not in seen and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    return seen
+
+
+def write_sweep(tmp: Path, model: Path, n_trials: int, name: str = "e2e") -> Path:
+    sweep = {
+        "name": name,
+        "model": str(model),
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512},
+                   "startup_timeout_s": 240},
+        "workload": {"num_prompts": 40, "input_len": 64, "output_len": 16,
+                     "max_concurrency": 8, "warmup_requests": 8, "seed": 1},
+        "objective": {"metric": "output_throughput", "direction": "maximize"},
+        "sla": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
+        "search": {"n_trials": n_trials, "seed": 3},
+        "results_dir": str(tmp / "results"),
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def read_trials(results: Path, name: str) -> pd.DataFrame:
+    return duckdb.sql(
+        f"SELECT * FROM read_parquet('{results}/{name}/trials/**/*.parquet', hive_partitioning=true)"
+        " ORDER BY trial_number").df()
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports outside the kernel's ephemeral range (ports.pick_port), so the Ray
+    processes' own port-0 binds cannot take them before `ray start` binds them."""
+    ports: list[int] = []
+    for _ in range(n):
+        ports.append(pick_port("127.0.0.1", ports))
+    return ports
+
+
+def group_pids(pgid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                found.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group of a `ray start --block`, wait, then SIGKILL what is left."""
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()
+        if not group_pids(pgid):
+            break
+        time.sleep(0.5)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    psutil.wait_procs(group_pids(pgid), timeout=10)
+
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def write_rows(results: Path) -> None:
+    """Five stored trials of a killed sweep `killed`: baseline, a better one, a better but
+    infeasible one, a start-up crash and an infeasible configuration."""
+    space = load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml")
+    columns = trial_columns(space, (50, 99))
+    store = ResultStore(results, "killed")
+    base = {"max-num-seqs": 128, "max-num-batched-tokens": 2048, "enable-chunked-prefill": True,
+            "enable-prefix-caching": True}
+    cases = [  # number, params, baseline, objective, feasible, fail_reason
+        (0, base, True, 100.0, True, None),
+        (1, {**base, "max-num-seqs": 16}, False, 150.0, True, None),
+        (2, {**base, "max-num-seqs": 4}, False, 400.0, False, None),  # best value, but infeasible
+        (3, {**base, "max-num-seqs": 8}, False, None, None, "startup_crash"),
+        (4, {**base, "max-num-seqs": 2}, False, None, None, "infeasible"),
+    ]
+    for number, params, baseline, objective, feasible, fail in cases:
+        outcome = TrialOutcome(started_at=T0 + timedelta(seconds=60 * number), argv=("--x",),
+                               trial_s=40.0, fail_reason=fail,
+                               metrics={"completed": 10, "failed": 0} if fail is None else {})
+        verdict = None if fail else Verdict(objective, feasible, {}, ())
+        ctx = TrialContext(number=number, params=params, is_baseline=baseline,
+                           serve_command=f"vllm serve m --trial {number}", vllm_version="x",
+                           server_log="")
+        store.write_trial(trial_row(ctx, outcome, verdict, columns), columns)
