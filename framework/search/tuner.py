@@ -25,6 +25,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 
+from framework.base.vocabulary import Scalar
 from framework.config.search_space import (
     BoolParam,
     CategoricalParam,
@@ -33,7 +34,6 @@ from framework.config.search_space import (
     SearchSpace,
     grid_values,
 )
-from framework.config.specs import Scalar
 
 BASELINE_ATTR = "baseline"
 FAIL_REASON_ATTR = "fail_reason"
@@ -79,6 +79,15 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class Configuration:
+    """A trial's parameters as the study holds them, and whether it is the baseline."""
+
+    number: int
+    params: dict[str, Scalar]
+    is_baseline: bool
+
+
+@dataclass(frozen=True)
 class Proposal:
     number: int
     params: dict[str, Scalar]
@@ -112,6 +121,7 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
             return super().before_trial(study, trial)
         unvisited = self._get_unvisited_grid_ids(study)
         grid_id = min(unvisited) if unvisited else 0
+        # as GridSampler.before_trial does: a sampler has no public way to set system attrs
         study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._search_space)
         study._storage.set_trial_system_attr(trial._trial_id, "grid_id", grid_id)
 
@@ -180,16 +190,18 @@ class Tuner:
         journal.parent.mkdir(parents=True, exist_ok=True)
         backend = JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal)))
         self.directions = tuple(directions)
+        self._storage = JournalStorage(backend)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study = optuna.create_study(
-                study_name=study_name, storage=JournalStorage(backend),
+                study_name=study_name, storage=self._storage,
                 directions=list(self.directions),
                 sampler=_sampler(sampler, space, seed, startup_trials,
                                  population=max(4, min(50, 2 * startup_trials))),
                 pruner=(FarFromBestPruner(screen_margin) if screen_margin is not None
                         else optuna.pruners.NopPruner()),
                 load_if_exists=True)
+        self._study_id = self._storage.get_study_id_from_name(study_name)
         self.space = space
         self.constraint_keys = tuple(constraint_keys)
         self.config_failures = CONFIG_FAILURES if learn_from_failures else frozenset()
@@ -200,10 +212,20 @@ class Tuner:
         """Mark trials left RUNNING by a dead driver as FAIL(interrupted); returns their numbers."""
         numbers = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            self.study._storage.set_trial_user_attr(t._trial_id, FAIL_REASON_ATTR, "interrupted")
+            self._storage.set_trial_user_attr(self._trial_id(t.number), FAIL_REASON_ATTR,
+                                              "interrupted")
             self.study.tell(t.number, state=TrialState.FAIL)
             numbers.append(t.number)
         return numbers
+
+    def configuration(self, number: int) -> Configuration:
+        """Trial `number`'s parameters and baseline mark as stored (KeyError if no such trial)."""
+        t = self._storage.get_trial(self._trial_id(number))
+        return Configuration(number=number, params=dict(t.params),
+                             is_baseline=bool(t.user_attrs.get(BASELINE_ATTR)))
+
+    def _trial_id(self, number: int) -> int:
+        return self._storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
 
     def finished(self) -> int:
         states = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)

@@ -1,0 +1,87 @@
+"""One asked trial as the runner carries it: what it needs, worked out once right after ask
+(`TrialPlan`), whether it may launch at all (`rejection`), and a launched trial until its
+outcome is recorded (`Running`). Pure but for `rejection`'s feasibility model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from framework.base.vocabulary import Scalar
+from framework.cluster.placement import Bundle, Shape, bundles, fits, node_unit, shape_of, why_unplaceable
+from framework.engine.feasibility import Feasibility
+from framework.engine.server_args import serve_command, server_argv, trial_flags
+from framework.search.tuner import Proposal
+from framework.sweep.loader import Sweep, feasibility, with_run_settings
+from framework.trial.measure import LoadPlan
+from framework.trial.run import TrialOutcome
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """An asked trial: its vLLM flags as recorded (`serve_flags`: as the server gets them,
+    with `load-format: dummy` under server.dummy_weights), its shape, bundles and node unit
+    (placement), its server key (trials with equal keys may share a server; the row's
+    `serve_command`) and its load (the sweep's, with the trial's run settings)."""
+
+    proposal: Proposal
+    flags: Mapping[str, Scalar | None]
+    serve_flags: Mapping[str, Scalar | None]
+    shape: Shape
+    wanted: tuple[Bundle, ...]
+    unit: int
+    key: str
+    load: LoadPlan
+
+    @property
+    def number(self) -> int:
+        return self.proposal.number
+
+    def argv(self, model: str, host: str, port: int) -> list[str]:
+        return server_argv(model, self.serve_flags, host, port)
+
+
+def plan_trial(sweep: Sweep, p: Proposal, load: LoadPlan) -> TrialPlan:
+    """Everything trial `p` needs that follows from the sweep and its parameters."""
+    spec = sweep.spec
+    flags = trial_flags(spec.server.args, sweep.space.server_params(p.params), p.is_baseline)
+    shape = shape_of(flags)
+    serve_flags = {**flags, "load-format": "dummy"} if spec.server.dummy_weights else flags
+    return TrialPlan(proposal=p, flags=flags, serve_flags=serve_flags, shape=shape,
+                     wanted=tuple(bundles(shape, spec.engine, spec.cluster.cpus_per_worker)),
+                     unit=node_unit(shape), key=serve_command(str(spec.model), flags),
+                     load=with_run_settings(load, spec, sweep.space.run_settings(p.params)))
+
+
+@dataclass(frozen=True)
+class Running:
+    """A launched trial until its outcome is recorded: where its server logs (the reused
+    server's log when it took one over)."""
+
+    plan: TrialPlan
+    feasibility: Feasibility | None
+    log_path: Path
+
+
+def _devices(sweep: Sweep, nodes: Sequence[Mapping[str, float]]) -> int | None:
+    """Devices a trial may span: the cluster's GPUs (None on the CPU engine, whose workers
+    are bounded by placement instead)."""
+    return None if sweep.spec.engine == "cpu" else int(sum(n.get("GPU", 0) for n in nodes))
+
+
+def rejection(sweep: Sweep, plan: TrialPlan, nodes: Sequence[Mapping[str, float]]
+              ) -> tuple[TrialOutcome | None, Feasibility | None]:
+    """A trial that must not launch (it can never be placed on `nodes`, or the memory model
+    says it cannot work) as its outcome, with its feasibility; (None, feasibility) when it
+    may launch."""
+    now = datetime.now(UTC)
+    if not fits(plan.wanted, nodes, plan.unit):
+        return TrialOutcome(started_at=now, argv=(), fail_reason="unplaceable",
+                            fail_detail=why_unplaceable(plan.wanted, nodes, plan.unit)), None
+    feas = feasibility(sweep, plan.flags, _devices(sweep, nodes))
+    if feas is not None and not feas.ok:
+        return TrialOutcome(started_at=now, argv=(), fail_reason="infeasible",
+                            fail_detail="; ".join(feas.reasons)), feas
+    return None, feas
