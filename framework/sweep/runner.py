@@ -121,7 +121,8 @@ class Runner:
         spec = self.spec
         self.recover()
         done = self.tuner.finished()
-        target = self._grid_capped(target + self.tuner.waiting_retries())
+        # re-runs come on top of the grid's size: an interrupted grid point runs again
+        target = self._grid_capped(target) + self.tuner.waiting_retries()
         if done >= target:
             target += self._queue_confirmations()
         if done >= target:

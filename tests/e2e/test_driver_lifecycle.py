@@ -60,7 +60,7 @@ def end(proc: subprocess.Popen) -> None:
 def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
     marker = new_marker()
     env = cli_env(marker, short_tmp)
-    sweep = fake_sweep(short_tmp, tiny_model, "requeue", startup_s=8,
+    sweep = fake_sweep(short_tmp, tiny_model, "requeue", startup_s=4,
                        search={"requeue_interrupted": True})
     first_row = short_tmp / "results" / "requeue" / "trials" / "sweep=requeue" / "trial-00000.parquet"
     proc = start_driver(sweep, short_tmp, env)
@@ -69,7 +69,7 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
         while not first_row.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert first_row.exists(), proc.stdout.read() if proc.poll() is not None else "no row"
-        time.sleep(2)  # trial 1 is asked and starting (8 s start-up): its row is never written
+        time.sleep(1)  # trial 1 is asked and starting (4 s start-up): its row is never written
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
