@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> VllmServer:
-        log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -305,7 +305,7 @@ def main() -> int:
     parser.add_argument("--no-doc", action="store_true", help="print only; leave BENCHMARKS.md")
     args = parser.parse_args()
     command = "benchmarks/loadgen_parity.py " + " ".join(sys.argv[1:])
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     load_before = uptime()
     results: dict[str, list[dict[str, Any]]] = {"vllm bench serve": [], "vllm-sweep bench": []}
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:

@@ -4,7 +4,7 @@ docs/BENCHMARKS.md (append-only: each section names its command, its date and th
 from __future__ import annotations
 
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ def append_section(title: str, preamble: str, text: str, started: datetime | Non
                    doc: Path = DOC) -> None:
     """Appends `## {title}, {started:%Y-%m-%d %H:%M} UTC`, the preamble paragraph and the text
     (tables, readings) to `doc`, creating it with its header if missing; says where."""
-    when = started or datetime.now(timezone.utc)
+    when = started or datetime.now(UTC)
     if not doc.exists():
         doc.write_text(HEADER)
     with doc.open("a") as fh:

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from record import ROOT, append_section, uptime
 
@@ -79,7 +79,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--no-doc", action="store_true", help="print only; leave BENCHMARKS.md")
     args = p.parse_args()
-    started, load_before = datetime.now(timezone.utc), uptime()
+    started, load_before = datetime.now(UTC), uptime()
     runs = []
     for i in range(args.runs):
         runs.append(run_once())

@@ -44,15 +44,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
+from record import ROOT, append_section, uptime
 
 from framework.cluster.ports import pick_port
-from record import ROOT, append_section, uptime
 
 BIN = Path(sys.executable).parent
 MODEL = ROOT / "models" / "tiny-llama"
@@ -121,8 +121,8 @@ def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Phase 3: `vllm bench sweep serve` over the grid; its wall time, runs and pick."""
     sys.path.insert(0, str(ROOT))
     from framework.config.search_space import grid_values, load_search_space
-    from framework.sweep.loader import server_env
     from framework.config.specs import SweepSpec
+    from framework.sweep.loader import server_env
 
     grid = grid_values(load_search_space(SPACE))
     names = [n.replace("-", "_") for n in grid]
@@ -280,7 +280,7 @@ def main() -> int:
     est += 40 * GRID_SIZE if vllm_sweep else 0
     print(f"{n_trials} trials in {args.repeats + 2 * args.seeds} sweeps on engine {args.engine}: "
           f"roughly {est / 60:.0f} min. Work dir {args.workdir}", flush=True)
-    started, load_before, t0 = datetime.now(timezone.utc), uptime(), time.monotonic()
+    started, load_before, t0 = datetime.now(UTC), uptime(), time.monotonic()
 
     print("phase 1: the grid", flush=True)
     passes = [run_sweep(args, f"grid-r{r}", "grid", r, GRID_SIZE) for r in range(args.repeats)]

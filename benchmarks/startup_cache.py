@@ -19,7 +19,7 @@ import argparse
 import os
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from loadgen_parity import MODEL, VllmServer
@@ -41,7 +41,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
     cache = work / "vllm-cache"
     load_before = uptime()
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     rows = []
     for i, (label, extra, eager) in enumerate(STARTS):
         t0 = time.monotonic()

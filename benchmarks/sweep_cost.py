@@ -30,12 +30,11 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
 from record import append_section
 from search_efficiency import (
     SLA,
@@ -90,7 +89,7 @@ def main() -> int:
     command = " ".join([".venv/bin/python benchmarks/sweep_cost.py", *sys.argv[1:]])
     print(f"target {target:.0f} tok/s ({top}); vllm bench sweep serve {theirs:.0f} s; "
           f"{2 * args.seeds} sweeps of {args.trials} trials in {args.workdir}", flush=True)
-    started, load_before, t0 = datetime.now(timezone.utc), uptime(), time.monotonic()
+    started, load_before, t0 = datetime.now(UTC), uptime(), time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     for seed in range(args.seeds):  # interleaved: drift in machine load hits both alike
         for variant, extra in VARIANTS.items():

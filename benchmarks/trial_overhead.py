@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-
 from record import append_section, uptime
 
 

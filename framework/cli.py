@@ -27,10 +27,10 @@ def _sigterm_as_interrupt(*_: object) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from framework.sweep import loader as sweep_mod
     from framework.cluster import RayLauncher, RaySession
-    from framework.sweep.runner import Runner
     from framework.cluster.driver_session import DriverSession
+    from framework.sweep import loader as sweep_mod
+    from framework.sweep.runner import Runner
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     sw = sweep_mod.load(Path(args.sweep))
@@ -139,8 +139,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from framework.results.queries import phase_means
-    from framework.sweep import plan
     from framework.sweep import loader as sweep_mod
+    from framework.sweep import plan
 
     sw, trials = _stored(args)
     spec, space = sw.spec, sw.space
@@ -193,11 +193,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from framework.cluster import RayLauncher, RaySession
+    from framework.cluster.driver_session import SESSION_VAR
+    from framework.cluster.node_probe import probe_all_nodes
     from framework.sweep import doctor
     from framework.sweep import loader as sweep_mod
-    from framework.cluster import RayLauncher, RaySession
-    from framework.cluster.node_probe import probe_all_nodes
-    from framework.cluster.driver_session import SESSION_VAR
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     t0 = time.monotonic()

@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers import TINY_MODEL
 
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     if not (TINY_MODEL / "config.json").is_file():

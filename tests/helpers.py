@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -230,7 +230,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     psutil.wait_procs(group_pids(pgid), timeout=10)
 
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def write_rows(results: Path) -> None:
@@ -257,3 +257,65 @@ def write_rows(results: Path) -> None:
                            serve_command=f"vllm serve m --trial {number}", vllm_version="x",
                            server_log="")
         store.write_trial(trial_row(ctx, outcome, verdict, columns), columns)
+
+
+SAMPLE = ROOT / "datasets" / "sharegpt_sample.json"
+
+
+# The keys `vllm bench serve` 0.32 wrote (openai backend, no --save-detailed, --goodput given,
+# --percentile-metrics ttft,e2el --metric-percentiles 50,99), in its order.
+VLLM_KEYS = [
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+    "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+    "max_concurrent_requests", "rtfx", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
+    "p50_ttft_ms", "p99_ttft_ms", "mean_e2el_ms", "median_e2el_ms", "std_e2el_ms", "p50_e2el_ms",
+    "p99_e2el_ms",
+]
+
+
+DETAIL_KEYS = ["input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors"]
+
+
+def bench_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "bench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip("│").split("│")]
+            for line in stdout.splitlines() if line.startswith("│")]
+
+
+ENGINES = ["framework.engine.vllm_server", "framework.engine.fake_engine"]
+
+
+NAME = "fake-report"
+
+
+def write_fake_sweep(folder: Path, model: Path, address: str | None) -> Path:
+    space = folder / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "max-num-seqs": {"type": "categorical", "choices": [2, 8, 128], "default": 128},
+        "tensor-parallel-size": {"type": "categorical", "choices": [1, 4], "default": 1},
+    }}, sort_keys=False))
+    sweep = folder / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": NAME, "model": str(model), "search_space": str(space), "engine": "fake",
+        "server": {"host": "node", "env": {"FAKE_ENGINE_STARTUP_S": "0",
+                                            "FAKE_ENGINE_TTFT_MS": "30",
+                                            "FAKE_ENGINE_TPOT_MS": "10"}},
+        "workload": {"num_prompts": 32, "input_len": 8, "output_len": 32, "max_concurrency": 8,
+                     "warmup_requests": 0, "request_timeout_s": 60},
+        "sla": {"p99_ttft_ms": 500, "p99_tpot_ms": 50},
+        # after the baseline, seed 10 proposes max-num-seqs 2 (TTFT over the SLA), 128, then
+        # TP 4 (cannot be placed on 2 GPUs)
+        # full runs: a run stopped early (SLA surely broken) keeps only its finished requests,
+        # and the batch-too-small diagnosis below reads the whole run
+        "search": {"sampler": "random", "n_trials": 4, "baseline": True, "seed": 10,
+                   "stop_early": False},
+        "cluster": {"address": address, "max_concurrent_trials": 1},
+        "results_dir": str(folder / "results"),
+    }))
+    return sweep

@@ -16,16 +16,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, \
-    remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from framework.cluster.actors import CACHE_DIR_VAR, OCCUPANCY_LOG_ENV, ServerActor
-from framework.cluster.server import RayServer
 from framework.base.errors import TrialError
+from framework.cluster.actors import CACHE_DIR_VAR, OCCUPANCY_LOG_ENV, ServerActor
+from framework.cluster.driver_session import SESSION_VAR
 from framework.cluster.placement import Bundle, Layout, layout
 from framework.cluster.ports import claim_port
-from framework.cluster.driver_session import SESSION_VAR
+from framework.cluster.server import RayServer
 from framework.cluster.vllm_plugin import ENV_FLAG
 
 # While a group with pinned stages waits, how often its layout is chosen again from the

@@ -12,7 +12,6 @@ they are read from the GCS actor table (`placement_group_id`, `pid`, node), the 
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -24,8 +23,8 @@ from ray.core.generated import gcs_pb2
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from framework.engine import control
 from framework.base.errors import TrialError
+from framework.engine import control
 
 # Ray's GCS marks a node dead after ~5 missed health checks of 3 s; an actor on a dying node
 # is reported dead before that.

@@ -30,8 +30,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from framework.engine.control import serve_from_env
 from framework.base.errors import TrialError
+from framework.engine.control import serve_from_env
 
 _FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
                      "pipeline-parallel-size", "max-model-len", "distributed-executor-backend",

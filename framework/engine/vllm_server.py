@@ -16,8 +16,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from framework.engine.control import serve_from_env
 from framework.base.errors import TrialError
+from framework.engine.control import serve_from_env
 
 # Exception types vLLM raises while validating its configuration (before any engine process
 # starts): a failure of one of these means the arguments were rejected.

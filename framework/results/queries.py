@@ -81,15 +81,16 @@ def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> B
 
 def pareto_front(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[int]:
     """Indices of the points no other point dominates (at least as good in every metric, better
-    in one), best first by the first metric; of equal points the first is kept."""
+    in one), best first by the first metric; equal points are all kept."""
     signs = [1.0 if m else -1.0 for m in maximize]
     scored = [[s * float(v) for s, v in zip(signs, p)] for p in points]
-    order = sorted(range(len(scored)), key=lambda i: [-v for v in scored[i]])
-    front: list[int] = []
-    for i in order:
-        if not any(all(q >= p for q, p in zip(scored[j], scored[i])) for j in front):
-            front.append(i)
-    return front
+
+    def dominated(i: int) -> bool:
+        return any(all(q >= p for q, p in zip(other, scored[i])) and other != scored[i]
+                   for other in scored)
+
+    return sorted((i for i in range(len(scored)) if not dominated(i)),
+                  key=lambda i: [-v for v in scored[i]])
 
 
 @dataclass(frozen=True)

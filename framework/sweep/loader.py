@@ -9,10 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from framework.base.errors import ConfigError
-from framework.trial.objective import goodput_slo_ms
-from framework.engine.flag_check import installed_vllm_flags, unknown_flag
-from framework.engine.model_info import read_model_info
-from framework.engine.feasibility import GPUS, Feasibility, ModelFacts, check, check_cpu, read_model_facts
+from framework.base.vocabulary import Scalar
 from framework.config.search_space import (
     CategoricalParam,
     IntParam,
@@ -20,12 +17,15 @@ from framework.config.search_space import (
     grid_values,
     load_search_space,
 )
-from framework.base.vocabulary import Scalar
 from framework.config.specs import SweepSpec, WorkloadSpec, load_sweep
+from framework.engine.feasibility import GPUS, Feasibility, ModelFacts, check, check_cpu, read_model_facts
+from framework.engine.flag_check import installed_vllm_flags, unknown_flag
+from framework.engine.model_info import read_model_info
+from framework.load.workload import Dataset, arrival_offsets, load_tokenizer
 from framework.results.store import ResultStore
 from framework.trial.capacity import CapacitySettings
 from framework.trial.measure import CapacityPlan, LoadPlan
-from framework.load.workload import Dataset, arrival_offsets, load_tokenizer
+from framework.trial.objective import goodput_slo_ms
 
 
 @dataclass(frozen=True)

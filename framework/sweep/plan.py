@@ -23,11 +23,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-
 from framework.engine.feasibility import Feasibility
 
 if TYPE_CHECKING:
     from framework.results.queries import PhaseMeans
+from framework.base.vocabulary import Scalar
 from framework.config.search_space import (
     SIBLING_VALUES,
     FloatParam,
@@ -35,7 +35,6 @@ from framework.config.search_space import (
     SearchSpace,
     discrete_values,
 )
-from framework.base.vocabulary import Scalar
 
 ENUMERATE_LIMIT = 20_000
 SAMPLE_SIZE = 2_000

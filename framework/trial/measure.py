@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from framework.trial.capacity import CapacitySettings, capacity, next_rate, requests_for
 from framework.base.errors import TrialError
 from framework.load.loadgen import LoadResult, RequestRecord, run_load
 from framework.load.metrics import compute_metrics
-from framework.trial.objective import evaluate, surely_broken
 from framework.load.workload import RequestSpec, arrival_offsets
+from framework.trial.capacity import CapacitySettings, capacity, next_rate, requests_for
+from framework.trial.objective import evaluate, surely_broken
 
 Phase = Callable[[str], None]
 

@@ -12,12 +12,14 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from framework.engine.vllm_server import log_tail, startup_failure
 from framework.base.errors import TrialError
+from framework.base.vocabulary import COUNT_METRICS, PEAK_METRICS
+from framework.engine.server_metrics import MetricsSampler, summarize
+from framework.engine.vllm_server import log_tail, startup_failure
 from framework.load.loadgen import RequestRecord, wait_ready
 from framework.trial.measure import (
     Deadline,
@@ -30,8 +32,6 @@ from framework.trial.measure import (
     measure_screen,
     run_once,
 )
-from framework.base.vocabulary import COUNT_METRICS, PEAK_METRICS
-from framework.engine.server_metrics import MetricsSampler, summarize
 from framework.trial.stats import combine
 
 
@@ -159,7 +159,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     ends the trial there as `fail_reason="pruned"` (metrics: the screen's; the server is
     handed to `stop_later` as after a full run), None lets the full run follow.
     `unit`: consecutive bundles that must share a node (placement.node_unit)."""
-    started_at = datetime.now(timezone.utc)
+    started_at = datetime.now(UTC)
     t0 = clock()
     argv: list[str] = []
     server: ServerHandle | None = None

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
-from tests.helpers import read_trials
+from tests.helpers import ROOT, cli_env, new_marker, read_trials, run_cli, wait_no_marked_processes
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,

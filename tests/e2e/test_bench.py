@@ -1,0 +1,93 @@
+"""`vllm-sweep bench`: flag names and JSON keys as vllm bench's, its pure parts, and (marked
+`server`) real runs against ONE vLLM server shared by the module: prompts, totals, chat, and
+the /metrics sampler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.loadgen_parity import VllmServer
+from framework.engine.server_metrics import MetricsSampler, summarize
+from framework.load.loadgen import run_load
+from framework.load.workload import Dataset, load_tokenizer
+from tests.helpers import DETAIL_KEYS, ROOT, SAMPLE, VLLM_KEYS, bench_cli
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with VllmServer(tiny_model, log, startup_timeout_s=240) as running:
+        yield running
+
+
+def bench_json(server: VllmServer, out: Path, *args: str) -> dict:
+    res = bench_cli("--base-url", server.base_url, "--model", str(ROOT / "models" / "tiny-llama"),
+                  "--result-json", str(out), "--save-detailed", *args)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "Serving Benchmark Result" in res.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.server
+@pytest.mark.timeout(300)
+def test_same_workload_twice_same_prompts_and_totals_from_requests(server, tmp_path: Path):
+    args = ("--dataset-name", "sharegpt", "--dataset-path", str(SAMPLE), "--num-prompts", "24",
+            "--max-prompt-tokens", "400", "--sharegpt-output-len", "12", "--seed", "7",
+            "--max-concurrency", "8")
+    first = bench_json(server, tmp_path / "a.json", *args)
+    second = bench_json(server, tmp_path / "b.json", *args)
+    planned = Dataset("sharegpt", path=SAMPLE, max_prompt_tokens=400, output_len_override=12
+                      ).requests(load_tokenizer(ROOT / "models" / "tiny-llama"), 24, 7)
+    # the server counted exactly the prompts we planned, both times
+    assert first["input_lens"] == second["input_lens"] == [r.prompt_len for r in planned]
+    assert len(set(first["input_lens"])) > 5  # varied lengths
+    for result in (first, second):
+        assert (result["completed"], result["failed"]) == (24, 0)
+        assert result["total_input_tokens"] == sum(result["input_lens"])
+        assert result["total_output_tokens"] == sum(result["output_lens"])
+        assert all(n <= 12 for n in result["output_lens"])
+        assert len(result["ttfts"]) == len(result["itls"]) == 24
+        assert list(result)[:19 + len(DETAIL_KEYS)] == VLLM_KEYS[:19] + DETAIL_KEYS
+
+
+@pytest.mark.server
+@pytest.mark.timeout(300)
+def test_chat_endpoint_and_ignore_eos(server, tmp_path: Path):
+    result = bench_json(server, tmp_path / "chat.json", "--endpoint", "chat", "--num-prompts",
+                        "16", "--random-input-len", "64", "--random-output-len", "16",
+                        "--max-concurrency", "4", "--percentile-metrics", "ttft,tpot,itl,e2el",
+                        "--metric-percentiles", "25,50,99", "--goodput", "ttft:60000")
+    assert (result["backend"], result["completed"], result["failed"]) == ("openai-chat", 16, 0)
+    assert result["output_lens"] == [16] * 16 and result["total_output_tokens"] == 256
+    assert result["total_input_tokens"] == sum(result["input_lens"])
+    assert result["input_lens"][0] > 64  # the chat template wraps the prompt
+    assert result["request_goodput"] == pytest.approx(result["request_throughput"])
+    assert {"p25_itl_ms", "p50_e2el_ms", "p99_tpot_ms"} <= set(result)
+
+
+@pytest.mark.server
+@pytest.mark.timeout(300)
+def test_metrics_sampler_on_a_live_server(server):
+    tokenizer = load_tokenizer(ROOT / "models" / "tiny-llama")
+    # long enough (~5 s) that vLLM's KV gauge, published between engine steps, is seen
+    # non-zero even on a loaded machine (48 output tokens once read 0.0 in every sample)
+    requests = Dataset("prefix-shared", input_len=320, output_len=160, prefix_len=256,
+                       prefix_groups=2).requests(tokenizer, 64, seed=11)
+    sampler = MetricsSampler(server.base_url, interval_s=0.2).start()
+    result = asyncio.run(run_load(server.base_url, str(ROOT / "models" / "tiny-llama"), requests,
+                                  max_concurrency=8))
+    sampled = sampler.stop()
+    assert all(r.success for r in result.records)
+    assert sampled.errors == 0 and len(sampled.samples) >= 3
+    summary = summarize(sampled.samples)
+    assert summary["kv_cache_usage_max"] > 0
+    assert 0 < summary["kv_cache_usage_mean"] <= summary["kv_cache_usage_max"] <= 1
+    assert summary["preemptions"] >= 0
+    assert summary["prefix_cache_hit_rate"] > 0.3  # 62 of 64 prompts reuse a 256-token prefix
+    assert 1 <= summary["running_requests_max"] <= 8
+    assert summary["waiting_requests_max"] >= 0
+    assert summary["queue_time_mean_s"] >= 0

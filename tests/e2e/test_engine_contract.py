@@ -1,0 +1,121 @@
+"""One contract, two engines: vLLM's real OpenAI server (framework.engine.vllm_server) and FakeEngine, the
+named stand-in used for scheduling tests at scale. Both must reject bad flags as invalid_args
+before listening, serve /health and streaming completions with usage (and /v1 only with the
+API key when VLLM_API_KEY is set), count prefix-cache hits on a repeated prompt and forget them
+after the in-process reset (the control socket, framework.engine.control) while vLLM's dev routes stay
+closed (no VLLM_SERVER_DEV_MODE), and leave no process once their process group is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+from framework.cluster.ports import pick_port
+from framework.engine import control
+from framework.engine.server_metrics import PREFIX_HITS, fetch_text, parse_metrics
+from framework.load.loadgen import run_load, wait_ready
+from framework.load.workload import RequestSpec
+from framework.trial.run import reset_prefix_cache
+from tests.helpers import ENGINES
+
+
+class ControlledServer:
+    """The one part of trial.ServerHandle the reset needs: the control command, sent to the
+    socket directly (cluster.RayServer sends it through a task on the server's node)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def command(self, name: str, timeout_s: float = 60.0) -> str:
+        return control.send(self.path, name, timeout_s)
+
+
+API_KEY = "contract-test-key"
+
+
+@pytest.fixture(params=ENGINES)
+def running_engine(request, tiny_model, tmp_path):
+    port = pick_port("127.0.0.1", [])
+    argv = ["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
+            "--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager"]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", FAKE_ENGINE_STARTUP_S="0.2",
+               VLLM_API_KEY=API_KEY)
+    env.pop("VLLM_SERVER_DEV_MODE", None)
+    env[control.SOCKET_VAR] = str(tmp_path / "ctl.sock")
+    code = f"import sys; from {request.param} import serve; serve(sys.argv[1:])"
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield request.param, f"http://127.0.0.1:{port}", proc, env[control.SOCKET_VAR]
+    finally:
+        tree = [proc.pid]
+        try:
+            tree += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                  for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [p for p in tree if psutil.pid_exists(p)
+                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.server
+@pytest.mark.timeout(300)
+def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_model):
+    import asyncio
+
+    module, base_url, proc, socket_path = running_engine
+    ready = asyncio.run(wait_ready(base_url, 240, is_alive=lambda: proc.poll() is None))
+    assert ready, f"{module} not ready"
+    requests = [RequestSpec(prompt="def main():", prompt_len=4, output_len=12) for _ in range(6)]
+    refused = asyncio.run(run_load(base_url, str(tiny_model), requests[:1], api_key=""))
+    assert not refused.records[0].success and "401" in refused.records[0].error, refused.records
+    result = asyncio.run(run_load(base_url, str(tiny_model), requests, max_concurrency=3,
+                                  api_key=API_KEY))
+    assert [r.success for r in result.records] == [True] * 6, [r.error for r in result.records]
+    assert all(r.output_tokens == 12 and r.prompt_tokens > 0 for r in result.records)
+    assert all(r.ttft_s is not None and r.ttft_s > 0 and len(r.chunk_s) >= 1 for r in result.records)
+
+    def hits() -> float:
+        return parse_metrics(fetch_text(f"{base_url}/metrics", 10)).get(PREFIX_HITS, 0.0)
+
+    long = [RequestSpec(prompt="the quick brown fox " * 45, prompt_len=290, output_len=4)]
+    def send() -> None:
+        done = asyncio.run(run_load(base_url, str(tiny_model), long, api_key=API_KEY))
+        assert done.records[0].success, done.records[0].error
+
+    def hits_after(before: float) -> float:
+        """The counter once it moved past `before`, or after 3 s (vLLM publishes it from
+        its output loop, a moment after the response)."""
+        deadline = time.monotonic() + 3
+        while (now := hits()) <= before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return now
+
+    send()
+    before = hits_after(-1.0)
+    send()
+    assert hits_after(before) > before, "a repeated prompt must hit the prefix cache"
+    dev_route = urllib.request.Request(f"{base_url}/reset_prefix_cache", data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(dev_route, timeout=10)
+    reset_prefix_cache(ControlledServer(socket_path))
+    before = hits_after(-1.0)
+    send()
+    assert hits_after(before) == before, "after the reset the same prompt must miss"

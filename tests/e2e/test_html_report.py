@@ -1,0 +1,167 @@
+"""The HTML report and the per-trial diagnosis.
+
+(a) diagnosis rules, table-tested at their thresholds; (b) the report of a real results folder:
+a 4-trial FakeEngine sweep on an emulated one-node Ray with 2 fake GPUs (one trial asks for
+TP=4 and fails as unplaceable), rendered to HTML, opened in headless Chromium (tests/browser.py).
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from framework.config.specs import SweepSpec, load_sweep
+from framework.results.diagnosis import (
+    VERDICTS,
+)
+from framework.results.html_report import render_report
+from framework.results.store import ResultStore
+from framework.search.tuner import param_importances
+from tests.browser import check_report, external_references, render
+from tests.helpers import NAME, ROOT, emulated_cluster, joined_cli_env, run_cli, write_fake_sweep
+
+
+@dataclass(frozen=True)
+class FakeSweep:
+    folder: Path
+    sweep: Path
+    spec: SweepSpec
+
+    @property
+    def store(self) -> ResultStore:
+        return ResultStore(self.spec.results_dir, self.spec.name)
+
+
+@pytest.fixture(scope="module")
+def fake_sweep(tiny_model) -> Iterator[FakeSweep]:
+    folder = Path(tempfile.mkdtemp(prefix="vst-"))
+    try:
+        with emulated_cluster(folder, [{"num_cpus": 4, "num_gpus": 2}]) as (_, address, marker):
+            sweep = write_fake_sweep(folder, tiny_model, address)
+            res = run_cli(["run", str(sweep)], folder, joined_cli_env(marker, folder), timeout_s=240)
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+        yield FakeSweep(folder, sweep, load_sweep(sweep))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class _TrialTable(HTMLParser):
+    """The body rows of <table id='trials'>, each as its cells' texts (a cell's bold text, the
+    diagnosis verdict, first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_table = self.in_body = self.in_bold = False
+        self.rows: list[list[str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table" and ("id", "trials") in attrs:
+            self.in_table = True
+        elif self.in_table and tag == "tbody":
+            self.in_body = True
+        elif self.in_body and tag == "tr":
+            self.rows.append([])
+        elif self.in_body and tag == "td":
+            self.rows[-1].append("")
+        elif self.in_body and tag == "b":
+            self.in_bold = True
+
+    def handle_data(self, data: str) -> None:
+        if self.in_body and self.rows and self.rows[-1]:
+            self.rows[-1][-1] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "b" and self.in_bold and self.rows and self.rows[-1]:
+            self.rows[-1][-1] += "|"  # ends the verdict
+            self.in_bold = False
+        if tag == "tbody":
+            self.in_body = False
+        if tag == "table":
+            self.in_table = False
+
+
+def trial_table(text: str) -> dict[int, list[str]]:
+    """Trial number -> its row's cells in the report's trial table."""
+    parser = _TrialTable()
+    parser.feed(text)
+    return {int(cells[0].rstrip("*")): cells for cells in parser.rows}
+
+
+def trial_table_rows(text: str) -> int:
+    return len(trial_table(text))
+
+
+@pytest.mark.timeout(300)
+def test_report_of_a_fake_sweep_renders_in_chromium(fake_sweep, tmp_path):
+    trials = fake_sweep.store.read_trials()
+    assert len(trials) == 4 and set(trials["trial_number"]) == {0, 1, 2, 3}
+    failed = trials[trials["state"] == "FAIL"]
+    assert list(failed["fail_reason"]) == ["unplaceable"], trials[["state", "fail_reason"]]
+    importances = param_importances(fake_sweep.store.journal_path, NAME)
+    assert list(importances) == ["max-num-seqs"]  # TP differs only in the failed trial
+    out = render_report(trials, fake_sweep.spec, importances, tmp_path / "report.html")
+
+    text = out.read_text(encoding="utf-8")
+    assert external_references(text) == []
+    best = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
+    best = best.loc[best["objective"].idxmax()]
+    assert html.escape(best["serve_command"], quote=False) in text
+    assert trial_table_rows(text) == len(trials)
+    failures = text[text.index("<h2>Failures</h2>"):]
+    number = int(failed.iloc[0]["trial_number"])
+    assert f"trial {number}: <b class='fail'>unplaceable</b>" in failures
+    assert html.escape(str(failed.iloc[0]["fail_detail"]), quote=False) in failures
+    # what each row must say, known from how the trials were set up, not from the report's code
+    table = trial_table(text)
+    verdict = {n: next(c.split("|")[0] for c in cells if "|" in c) for n, cells in table.items()}
+    small = int(trials[trials["param_max_num_seqs"] == 2].iloc[0]["trial_number"])
+    assert verdict[small] == "batch_too_small"  # 2 slots for 8 requests in flight
+    assert "SLA violated" in table[small]
+    assert verdict[number] == "not_measured" and "FAIL(unplaceable)" in table[number]
+    assert set(verdict.values()) <= set(VERDICTS)
+
+    result = check_report(out, min_plots=3)
+    assert result.title == f"vllm-sweep report: {NAME}"
+
+
+@pytest.mark.timeout(300)
+def test_report_without_feasible_or_completed_trials_is_sentences(fake_sweep, tmp_path):
+    trials = fake_sweep.store.read_trials()
+    infeasible = trials.assign(feasible=trials["feasible"].map(lambda v: False if v else v))
+    out = render_report(infeasible, fake_sweep.spec, None, tmp_path / "infeasible.html")
+    text = out.read_text(encoding="utf-8")
+    assert "No feasible configuration: none of the 3 completed trials met the SLA" in text
+    assert "No parameter importances" in text
+    assert trial_table_rows(text) == len(trials)
+
+    only_failed = trials[trials["state"] == "FAIL"].reset_index(drop=True)
+    out = render_report(only_failed, fake_sweep.spec, {}, tmp_path / "failed.html")
+    text = out.read_text(encoding="utf-8")
+    assert "No trial completed (1 failed)" in text
+    assert "nothing to plot" in text and "no effect to plot" in text
+    assert trial_table_rows(text) == 1
+    result = render(out, tmp_path / "failed.png")
+    assert result.console_errors == [] and result.page_errors == [] and result.plot_count == 0
+
+
+@pytest.mark.timeout(300)
+def test_cli_report_writes_the_default_path_and_out(fake_sweep, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "framework.cli", "report", str(fake_sweep.sweep)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    expected = fake_sweep.store.sweep_dir / "report.html"
+    assert res.stdout.strip() == str(expected) and expected.is_file()
+    target = tmp_path / "sub" / "mine.html"
+    res = subprocess.run([sys.executable, "-m", "framework.cli", "report", str(fake_sweep.sweep),
+                          "--out", str(target)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == str(target) and target.is_file()

@@ -1,0 +1,81 @@
+"""Real pipeline parallelism across two emulated Ray nodes (distinct loopback IPs).
+
+The cluster is started by this test (ray.cluster_utils, its own temp dir, every process
+tagged with a marker env var) and the sweep joins it through `cluster.address`. vLLM runs
+in-process in the trial's server actor with the Ray executor and the project's CPU platform
+plugin; its two pipeline stages must land in the trial's two bundles, one per node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import emulated_cluster, joined_cli_env, marked_processes, read_trials, run_cli
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture
+def two_node_cluster(short_tmp):
+    """Head (1 CPU) + a second node at 127.0.0.2 (1 CPU); yields (gcs address, marker)."""
+    with emulated_cluster(short_tmp, [{"num_cpus": 1}, {"num_cpus": 1, "node_ip_address": "127.0.0.2"}]) as (
+            _, address, marker):
+        yield address, marker
+
+
+def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
+    space = tmp / "pp_space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "pipeline-parallel-size": {"type": "categorical", "choices": [2], "default": 2},
+        "max-num-seqs": {"type": "categorical", "choices": [16], "default": 16},
+    }}))
+    sweep = tmp / "pp.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "pp", "model": str(model), "search_space": str(space),
+        # PP on CPU needs torch.compile: --enforce-eager skips the inter-stage buffers.
+        "server": {"args": {"max-model-len": 512}, "host": "node", "startup_timeout_s": 420},
+        "workload": {"num_prompts": 24, "input_len": 64, "output_len": 16,
+                     "max_concurrency": 4, "warmup_requests": 4},
+        "sla": {"p99_ttft_ms": 60000},
+        "search": {"n_trials": 1, "baseline": False},
+        "cluster": {"address": address, "cpus_per_worker": 1},
+        "results_dir": str(tmp / "results"),
+    }))
+    return sweep
+
+
+@pytest.mark.timeout(900)
+def test_pipeline_stages_span_two_nodes(tiny_model, short_tmp, two_node_cluster):
+    address, marker = two_node_cluster
+    env = joined_cli_env(marker, short_tmp)
+    sweep = write_pp_sweep(short_tmp, tiny_model, address)
+    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=800)
+    log = (short_tmp / "results/pp/logs/trial-00000.log")
+    log_text = log.read_text() if log.exists() else ""
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + log_text[-3000:]
+    trials = read_trials(short_tmp / "results", "pp")
+    row = trials.iloc[0]
+    assert row["state"] == "COMPLETE", (row["fail_reason"], row["fail_detail"], log_text[-3000:])
+    assert row["completed"] == 24
+    placement = list(row["placement"])
+    assert len(placement) == 2 and len(set(placement)) == 2, placement
+    assert row["node_count"] == 2
+    argv = list(row["vllm_argv"])
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    # vLLM reused the trial's group instead of creating its own, and loaded our plugin.
+    assert "existing placement group" in log_text.lower() or "current placement group" in log_text.lower()
+    assert "vllm-sweep CPU Ray platform plugin active" in log_text
+    # Nothing of the trial is left: no vLLM process among the cluster's processes.
+    leftovers = []
+    for proc in marked_processes(marker):
+        try:
+            text = " ".join(proc.cmdline()) + proc.name()
+        except Exception:  # noqa: BLE001 - exited meanwhile
+            continue
+        if "VLLM" in text or "ServerActor" in text or "RayWorker" in text:
+            leftovers.append(text[:120])
+    assert leftovers == []

@@ -1,0 +1,238 @@
+"""`ray job submit` end to end (issue 4): a real 2-node Ray cluster started with `ray start`, a job
+that runs `vllm-sweep run sweep.yaml`, status SUCCEEDED, and the trial Parquet under the path the
+sweep names.
+
+The pytest process never joins the cluster: node counts come from a short-lived subprocess with a
+timeout, the job is submitted with the `ray job submit` CLI (with a timeout), and its status and
+logs are read over plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process
+group, never with the Ray CLI's stop command (`ray stop` kills every Ray on the machine, not just this test's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from tests.helpers import ROOT, cli_env, free_ports, new_marker, stop_group, wait_no_marked_processes
+
+pytestmark = pytest.mark.server
+
+
+VENV_BIN = Path(sys.executable).parent
+
+
+RAY = str(VENV_BIN / "ray")
+
+
+NAME = "jobsweep"
+
+
+NUM_PROMPTS = 24
+
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+_NODES_SCRIPT = """
+import sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+print("ALIVE", sum(1 for n in ray.nodes() if n["Alive"]), flush=True)
+"""
+
+
+def node_env(marker: str, tmp: Path) -> dict[str, str]:
+    """Environment of the `ray start` processes (and so of every Ray process and job they run).
+
+    The job driver inherits the raylet's environment and Ray does not add the venv's bin dir to
+    PATH, so the nodes get the venv's bin dir first on PATH, as an activated virtualenv would on a
+    real cluster: then the entrypoint is exactly the README's `vllm-sweep run ...`.
+    VLLM_TARGET_DEVICE must stay unset (it would make vLLM skip the project's platform plugin).
+    """
+    env = cli_env(marker, tmp)
+    env["RAY_AUTH_MODE"] = "disabled"
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("VLLM_TARGET_DEVICE", None)
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def write_sweep(job_dir: Path, model: Path, results: Path) -> Path:
+    sweep = {
+        "name": NAME,
+        "model": str(model),
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512},
+                   "startup_timeout_s": 240},
+        "workload": {"num_prompts": NUM_PROMPTS, "input_len": 64, "output_len": 16,
+                     "max_concurrency": 8, "warmup_requests": 4, "seed": 1},
+        "objective": {"metric": "output_throughput", "direction": "maximize"},
+        "sla": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
+        "search": {"n_trials": 1, "seed": 3, "baseline": True},
+        "results_dir": str(results),  # absolute: the job's cwd is Ray's unpacked working dir
+    }
+    path = job_dir / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        assert head.poll() is None, f"head `ray start` exited with {head.returncode}"
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(2)
+    pytest.fail(f"dashboard at {url} not up within {timeout_s:.0f} s: {last}")
+
+
+def wait_for_nodes(gcs: str, n: int, env: dict[str, str], nodes: list[subprocess.Popen],
+                   timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        for node in nodes:
+            assert node.poll() is None, f"`ray start` {node.args} exited with {node.returncode}"
+        try:
+            out = subprocess.run([sys.executable, "-c", _NODES_SCRIPT, gcs], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            last = out.stdout + out.stderr[-1500:]
+            match = re.search(r"ALIVE (\d+)", out.stdout)
+            if match and int(match.group(1)) >= n:
+                return
+        except subprocess.TimeoutExpired:
+            last = "ray.init timed out"
+        time.sleep(2)
+    pytest.fail(f"{n} alive nodes not seen within {timeout_s:.0f} s: {last}")
+
+
+def ray_job(args: list[str], env: dict[str, str],
+            timeout_s: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([RAY, "job", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def submit_job(dashboard: str, job_dir: Path, job_id: str, env: dict[str, str],
+               timeout_s: float) -> subprocess.CompletedProcess:
+    """`ray job submit --no-wait`, retried while the dashboard answers but the head's dashboard
+    agent has not registered yet (HTTP 500 "No available agent to submit job"), which happens for
+    a few seconds after the dashboard's /api/version is up."""
+    argv = ["submit", "--address", dashboard, "--working-dir", str(job_dir),
+            "--submission-id", job_id, "--no-wait", "--", "vllm-sweep", "run", "sweep.yaml"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = ray_job(argv, env, timeout_s=120)
+        if (out.returncode == 0 or "No available agent" not in out.stdout + out.stderr
+                or time.monotonic() > deadline):
+            return out
+        time.sleep(3)
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.load(resp)
+
+
+def job_status(dashboard: str, job_id: str) -> str:
+    """The job's status from the Jobs REST API (GET /api/jobs/<id>), plain HTTP: `ray job status`
+    prints a banner ("Job '...' succeeded") rather than the status for terminal states."""
+    try:
+        return str(_get_json(f"{dashboard}/api/jobs/{job_id}")["status"])
+    except (OSError, ValueError, KeyError) as exc:
+        return f"UNKNOWN ({exc})"
+
+
+def job_logs(dashboard: str, job_id: str) -> str:
+    try:
+        return str(_get_json(f"{dashboard}/api/jobs/{job_id}/logs")["logs"])
+    except (OSError, ValueError, KeyError) as exc:
+        return f"(job logs unavailable: {exc})"
+
+
+@pytest.mark.timeout(900)
+def test_ray_job_submit_runs_a_sweep_on_a_two_node_cluster(tiny_model, short_tmp):
+    marker = new_marker()
+    env = node_env(marker, short_tmp)
+    gcs_port, dash_port, agent_port, client_port, worker_agent_port = free_ports(5)
+    gcs = f"127.0.0.1:{gcs_port}"
+    dashboard = f"http://127.0.0.1:{dash_port}"
+    (short_tmp / "h").mkdir()
+    (short_tmp / "w").mkdir()
+    head_argv = [RAY, "start", "--head", "--block", "--disable-usage-stats",
+                 "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
+                 "--temp-dir", str(short_tmp / "h"), "--num-cpus", "2",
+                 "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                 "--dashboard-port", str(dash_port),
+                 "--dashboard-agent-listen-port", str(agent_port),
+                 "--ray-client-server-port", str(client_port)]
+    worker_argv = [RAY, "start", "--block", "--address", gcs,
+                   "--node-ip-address", "127.0.0.2", "--temp-dir", str(short_tmp / "w"),
+                   "--num-cpus", "1", "--dashboard-agent-listen-port", str(worker_agent_port)]
+    nodes: list[subprocess.Popen] = []
+    node_logs = [(short_tmp / "head.out").open("w"), (short_tmp / "worker.out").open("w")]
+    job_dir = short_tmp / "job"
+    job_dir.mkdir()
+    results = short_tmp / "results"
+    write_sweep(job_dir, tiny_model, results)
+    job_id = f"vsweep-{marker[:8]}"
+    t0 = time.monotonic()
+    try:
+        nodes.append(subprocess.Popen(head_argv, env=env, stdout=node_logs[0],
+                                      stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True))
+        wait_for_nodes(gcs, 1, env, nodes, timeout_s=180)
+        nodes.append(subprocess.Popen(worker_argv, env=env, stdout=node_logs[1],
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True))
+        wait_for_nodes(gcs, 2, env, nodes, timeout_s=180)
+        wait_for_dashboard(dashboard, nodes[0], timeout_s=120)
+        print(f"\ncluster up in {time.monotonic() - t0:.0f} s")
+
+        # The working dir holds just sweep.yaml: a small upload, no .venv, no models/.
+        submit = submit_job(dashboard, job_dir, job_id, env, timeout_s=240)
+        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+
+        status, deadline = "UNKNOWN", time.monotonic() + 660
+        while time.monotonic() < deadline:
+            status = job_status(dashboard, job_id)
+            if status in TERMINAL:
+                break
+            time.sleep(5)
+        logs = job_logs(dashboard, job_id)
+        print(f"job {job_id}: {status} after {time.monotonic() - t0:.0f} s")
+        assert status == "SUCCEEDED", f"job status {status}; logs:\n{logs[-6000:]}"
+        assert "Ray: joined existing cluster" in logs, logs[-6000:]
+
+        trials = duckdb.sql(
+            f"SELECT * FROM read_parquet('{results}/{NAME}/trials/**/*.parquet', "
+            "hive_partitioning=true)").df()
+        assert len(trials) == 1, trials
+        row = trials.iloc[0]
+        assert row["state"] == "COMPLETE", (row.get("fail_reason"), row.get("fail_detail"),
+                                            logs[-4000:])
+        assert row["completed"] == NUM_PROMPTS and row["failed"] == 0
+        assert row["sweep"] == NAME
+        assert (results / NAME / "optuna.journal").is_file()
+    finally:
+        for node in reversed(nodes):  # worker first, then the head
+            stop_group(node)
+        for log in node_logs:
+            log.close()
+        left = wait_no_marked_processes(marker)
+        print(f"teardown done at {time.monotonic() - t0:.0f} s; processes left: {left}")
+    assert left == []

@@ -1,0 +1,165 @@
+"""Scheduling at scale with fakes: 4 emulated nodes x 8 fake GPUs, 40 trials of mixed TP/PP
+shapes served by FakeEngine (a named stand-in; see framework/fake_engine.py and the engine
+contract tests). Asserted from the per-device occupancy log that FakeEngine's placeholder
+workers write (and the launcher, when it releases a trial's group): no device double-booked,
+every rank inside its own trial's group, all trials end. Prints the busy fraction while trials
+were queued: devices held by placed groups (placement to release, start-up and teardown
+included) over all devices, per waiting trial and at any waiting moment; benchmarks/scheduling.py
+reads those lines (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import emulated_cluster, joined_cli_env, read_trials, run_cli
+
+pytestmark = pytest.mark.server
+
+
+NODES, GPUS_PER_NODE, TRIALS = 4, 8, 40
+
+
+@pytest.fixture
+def gpu_cluster(short_tmp):
+    nodes = [{"num_cpus": 1, "num_gpus": 0}] + [
+        {"num_cpus": GPUS_PER_NODE, "num_gpus": GPUS_PER_NODE, "node_ip_address": f"127.0.0.{i + 2}"}
+        for i in range(NODES)]
+    with emulated_cluster(short_tmp, nodes) as (_, address, marker):
+        yield address, marker
+
+
+def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as disjoint sorted intervals."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def busy_fraction_while_queued(intervals: list[tuple[float, float]], queued: list[tuple[float, float]],
+                               devices: int) -> float:
+    """Mean over queued time of (devices in use / devices), by sweeping interval endpoints.
+    Overlapping queued intervals count once each (time weighted by trials waiting); pass
+    merged(queued) for the time any trial waited."""
+    total = busy = 0.0
+    for q0, q1 in queued:
+        cuts = sorted({q0, q1, *[t for iv in intervals for t in iv if q0 < t < q1]})
+        for a, b in zip(cuts, cuts[1:]):
+            mid = (a + b) / 2
+            in_use = sum(1 for s, e in intervals if s <= mid < e)
+            busy += (b - a) * in_use / devices
+            total += b - a
+    return busy / total if total else 1.0
+
+
+@pytest.mark.timeout(900)
+def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
+    address, marker = gpu_cluster
+    occupancy = short_tmp / "occupancy.jsonl"
+    space = short_tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4, 8]},
+        "pipeline-parallel-size": {"type": "categorical", "choices": [1, 2, 16]},
+        "max-num-seqs": {"type": "categorical", "choices": [4, 64]},
+    }}))
+    sweep = short_tmp / "scale.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "scale", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
+        # reuse off: every trial places its own group (reuse: tests/test_server_reuse.py)
+        "server": {"host": "node", "startup_timeout_s": 300, "reuse": False,
+                   "env": {"FAKE_ENGINE_STARTUP_S": "3", "FAKE_ENGINE_TTFT_MS": "30",
+                           "FAKE_ENGINE_TPOT_MS": "20",
+                           "FAKE_ENGINE_OCCUPANCY_LOG": str(occupancy)}},
+        "workload": {"num_prompts": 32, "input_len": 16, "output_len": 24, "max_concurrency": 8,
+                     "warmup_requests": 0},
+        "sla": {"p99_ttft_ms": 5000},
+        "search": {"sampler": "random", "n_trials": TRIALS, "baseline": False, "seed": 5},
+        "cluster": {"address": address},
+        "results_dir": str(short_tmp / "results"),
+    }))
+    env = joined_cli_env(marker, short_tmp)
+    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=840)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+
+    trials = read_trials(short_tmp / "results", "scale")
+    assert len(trials) == TRIALS and set(trials["trial_number"]) == set(range(TRIALS))
+    shapes = trials["param_tensor_parallel_size"] * trials["param_pipeline_parallel_size"]
+    never_fit = shapes > NODES * GPUS_PER_NODE
+    assert never_fit.any(), "the space should propose shapes that can never fit"
+    assert (trials[never_fit]["fail_reason"] == "unplaceable").all()
+    assert trials[never_fit]["placement"].map(len).eq(0).all()  # never launched
+    placed = trials[~never_fit]
+    not_complete = placed[placed["state"] != "COMPLETE"]
+    # a str: pytest cuts a non-str assertion message to 240 characters
+    assert not_complete.empty, "\n".join(json.dumps(r, default=str) for r in not_complete[
+        ["trial_number", "state", "fail_reason", "fail_detail", "placement_wait_s", "startup_s",
+         "trial_s", "log_tail"]].to_dict("records"))
+    assert len(set(shapes[~never_fit])) >= 3, "the sweep should mix several shapes"
+
+    events = [json.loads(line) for line in occupancy.read_text().splitlines()]
+    released = {e["group"]: e["t"] for e in events if e.get("released")}
+    by_trial: dict[int, list[dict]] = defaultdict(list)
+    for e in events:
+        if not e.get("released"):
+            by_trial[int(Path(e["tag"]).stem.split("-")[1])].append(e)
+    intervals: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
+    reserved: list[tuple[float, float]] = []  # one interval per device a placed group holds
+    until_measured: list[tuple[float, float]] = []  # the same, ending when the load ended
+    for _, row in placed.iterrows():
+        number = int(row["trial_number"])
+        # the processes holding the trial's devices: its server at world size 1, else its workers
+        evs = [e for e in by_trial[number] if e["bundle"] is not None]
+        world = int(row["param_tensor_parallel_size"] * row["param_pipeline_parallel_size"])
+        assert sorted(e["bundle"] for e in evs) == list(range(world)), number
+        assert all(e["in_group"] for e in evs) and len({e["group"] for e in evs}) == 1
+        assert [e["node_ip"] for e in sorted(evs, key=lambda e: e["bundle"])] == list(row["placement"])
+        # the group holds its devices until the background stop releases it
+        end = released[evs[0]["group"]]
+        assert end >= row["started_at"].timestamp() + row["trial_s"] - 1.0, number
+        for e in evs:
+            assert len(e["gpu_ids"]) == 1
+            intervals[(e["node_ip"], e["gpu_ids"][0])].append((e["t"], end, number))
+        placed_at = row["started_at"].timestamp() + row["placement_wait_s"]
+        reserved += [(placed_at, end)] * world
+        until_measured += [(placed_at, row["started_at"].timestamp() + row["trial_s"])] * world
+    for device, spans in intervals.items():
+        spans.sort()
+        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+            assert s1 >= e0, f"device {device} given to trial {n1} while trial {n0} held it"
+    queued = [(r["started_at"].timestamp(), r["started_at"].timestamp() + r["placement_wait_s"])
+              for _, r in placed.iterrows() if r["placement_wait_s"] and r["placement_wait_s"] > 0.5]
+    fraction = busy_fraction_while_queued(reserved, queued, NODES * GPUS_PER_NODE)
+    print(f"\n(ending each trial's hold at the end of its load instead of at release: "
+          f"{busy_fraction_while_queued(until_measured, queued, NODES * GPUS_PER_NODE):.1%})")
+    anyone = merged(queued)
+    print(f"(while any trial was queued, each moment counted once: "
+          f"{busy_fraction_while_queued(reserved, anyone, NODES * GPUS_PER_NODE):.1%} over "
+          f"{sum(b - a for a, b in anyone):.0f} s)")
+    print(f"busy fraction while trials were queued: {fraction:.1%} over "
+          f"{sum(b - a for a, b in queued):.0f} s of queueing; {len(placed)} trials placed")
+    assert queued, "the cluster never filled up: the test did not exercise queueing"
+    # A floor that catches a scheduling regression (one trial waiting at a time gave 79-83%,
+    # docs/BENCHMARKS.md); the 90% target is measured by benchmarks/scheduling.py, since the
+    # fraction moves a few points with the machine's load (88-96% measured since).
+    assert fraction >= 0.85, f"busy fraction while trials were queued {fraction:.1%} < 85%"
+
+
+def test_busy_fraction_by_hand():
+    """2 devices; trial A holds one over [0, 10), B both over [10, 20); C waits over [5, 15)
+    and D over [12, 14): per waiting trial (5x0.5 + 5x1 + 2x1) / 12 = 0.792; at any waiting
+    moment (5x0.5 + 5x1) / 10 = 0.75."""
+    held = [(0.0, 10.0), (10.0, 20.0), (10.0, 20.0)]
+    queued = [(5.0, 15.0), (12.0, 14.0)]
+    assert busy_fraction_while_queued(held, queued, 2) == pytest.approx(9.5 / 12)
+    assert merged(queued) == [(5.0, 15.0)]
+    assert busy_fraction_while_queued(held, merged(queued), 2) == pytest.approx(0.75)
+    assert merged([(3.0, 4.0), (0.0, 1.0), (1.0, 2.0)]) == [(0.0, 2.0), (3.0, 4.0)]

@@ -1,0 +1,141 @@
+"""Parts of failure handling without a server: refining a start-up failure, the whole-trial
+deadline, and the after-load health check (against a local HTTP stub of /health)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from framework.base.errors import TrialError
+from framework.engine.vllm_server import startup_failure
+from framework.trial.measure import Deadline
+from framework.trial.run import _check_still_serving
+
+KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (512), "
+                "(0.02 GiB KV cache is needed, which is larger than the available KV cache memory "
+                "(0.00 GiB).")
+
+
+@pytest.mark.parametrize("reason, detail, log, expected_reason, expected_detail", [
+    ("startup_crash", "RuntimeError: Engine core initialization failed. See root cause above.",
+     f"INFO loading\n{KV_TOO_SMALL}\nERROR EngineCore failed", "oom_at_startup", KV_TOO_SMALL),
+    ("startup_crash", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "",
+     "oom_at_startup", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ("invalid_args", "ValueError: No available memory for the cache blocks. Try increasing", "",
+     "oom_at_startup", "ValueError: No available memory for the cache blocks. Try increasing"),
+    ("startup_crash", "RuntimeError: boom", "ValueError: No common block size for 16", "startup_crash",
+     "RuntimeError: boom"),
+    ("invalid_args", "argument --max-num-seqs: invalid int value: 'many'", "", "invalid_args",
+     "argument --max-num-seqs: invalid int value: 'many'"),
+    ("startup_timeout", "not ready within 240 s", "CUDA out of memory", "startup_timeout",
+     "not ready within 240 s"),  # only crashes and rejections are refined
+])
+def test_startup_failure(reason, detail, log, expected_reason, expected_detail):
+    assert startup_failure(reason, detail, log) == (expected_reason, expected_detail)
+
+
+def test_startup_failure_takes_the_last_memory_line_of_the_log():
+    log = "WARNING Cannot allocate memory for pinned buffer (retrying)\nINFO ok\n" + KV_TOO_SMALL
+    assert startup_failure("startup_crash", "RuntimeError: x", log)[1] == KV_TOO_SMALL
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_deadline_bounds_waits_and_raises_trial_timeout_once_past():
+    clock = Clock()
+    deadline = Deadline(30.0, clock)
+    assert deadline.bound(240.0) == 30.0 and deadline.bound(5.0) == 5.0
+    clock.now += 25
+    assert deadline.bound(240.0) == pytest.approx(5.0)
+    deadline.check("warming up")
+    clock.now += 6
+    assert deadline.bound(240.0) == 0.0
+    with pytest.raises(TrialError) as err:
+        deadline.check("under load")
+    assert err.value.reason == "trial_timeout"
+    assert err.value.detail == "trial exceeded its 30 s deadline while under load"
+
+
+def test_no_deadline_never_expires():
+    clock = Clock()
+    deadline = Deadline(None, clock)
+    clock.now += 1e9
+    deadline.check("under load")
+    assert deadline.bound(240.0) == 240.0
+
+
+@contextmanager
+def health_stub(delay_s: float, status: int) -> Iterator[str]:
+    """A local server whose /health answers `status` after `delay_s`; yields its base URL."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(delay_s)
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@dataclass
+class StubHandle:
+    """The slice of trial.ServerHandle that the health check uses."""
+    base_url: str
+    alive: bool = True
+    ended_with: TrialError | None = None
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def failure(self) -> TrialError | None:
+        return None if self.alive else self.ended_with
+
+
+@pytest.mark.timeout(60)
+def test_a_live_server_slow_to_answer_health_is_not_called_dead():
+    with health_stub(delay_s=4.0, status=200) as url:  # slower than a single 3 s probe
+        _check_still_serving(StubHandle(url), grace_s=20.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_live_server_silent_for_the_whole_grace_died():
+    with health_stub(delay_s=0.0, status=503) as url:
+        t0 = time.monotonic()
+        with pytest.raises(TrialError) as err:
+            _check_still_serving(StubHandle(url), grace_s=2.0)
+    assert err.value.reason == "server_died"
+    assert "not answering /health for 2 s" in err.value.detail
+    assert time.monotonic() - t0 >= 2.0
+
+
+@pytest.mark.timeout(60)
+def test_an_ended_actor_raises_its_own_failure_at_once():
+    with health_stub(delay_s=0.0, status=503) as url:
+        handle = StubHandle(url, alive=False, ended_with=TrialError("node_lost", "node 127.0.0.3 died"))
+        t0 = time.monotonic()
+        with pytest.raises(TrialError) as err:
+            _check_still_serving(handle, grace_s=30.0)
+    assert (err.value.reason, err.value.detail) == ("node_lost", "node 127.0.0.3 died")
+    assert time.monotonic() - t0 < 5.0

@@ -1,0 +1,496 @@
+"""run_load against FakeSSEServer, a local aiohttp server standing in for vLLM's streaming
+APIs; wait_ready against a raw asyncio server on 127.0.0.1.
+
+FakeSSEServer only serves canned SSE streams so that parsing, failure handling,
+timeouts and concurrency limits can be tested without a model server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from framework.load.loadgen import (
+    LoadResult,
+    RequestRecord,
+    SSEState,
+    run_load,
+    wait_ready,
+)
+from framework.load.metrics import max_in_flight
+from framework.load.workload import RequestSpec
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    body = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {body}\n\n".encode()
+
+
+def content(text: str) -> bytes:
+    return sse({"id": "cmpl-1", "choices": [{"index": 0, "text": text}]})
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return sse(
+        {
+            "id": "cmpl-1",
+            "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        }
+    )
+
+
+DONE = sse("[DONE]")
+
+
+COMMON_PAYLOAD = {"model": "tiny", "ignore_eos": True, "stream": True,
+                  "stream_options": {"include_usage": True}, "temperature": 0}
+
+
+Leave = Callable[[], None]
+
+
+def chat_delta(delta: dict[str, str]) -> bytes:
+    return sse({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+
+
+class FakeSSEServer:
+    """aiohttp server on 127.0.0.1 (free port) answering /v1/completions and
+    /v1/chat/completions by prompt name (the first message's content for chat).
+
+    Counts requests in flight and keeps every JSON body. A scenario may call ``leave``
+    before its final write, so that the count never exceeds what the client has in flight.
+    """
+
+    def __init__(self) -> None:
+        self.payloads: list[dict[str, Any]] = []
+        self.client_ports: list[int] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> FakeSSEServer:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.completions)
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(self._runner, sock).start()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        self.payloads.append(payload)
+        self.client_ports.append(request.transport.get_extra_info("peername")[1])
+        prompt = payload["prompt"] if "prompt" in payload else payload["messages"][0]["content"]
+        scenario = SCENARIOS[prompt]
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                self.in_flight -= 1
+
+        try:
+            return await scenario(request, leave)
+        finally:
+            leave()
+
+
+async def start_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    return resp
+
+
+async def normal(request: web.Request, leave: Leave) -> web.StreamResponse:
+    """Three content chunks (the second split across two writes, carrying two tokens)."""
+    resp = await start_stream(request)
+    await resp.write(b": ping\n\n")
+    await resp.write(content("a"))
+    await asyncio.sleep(0.02)
+    second = content("bc")
+    await resp.write(second[:17])
+    await asyncio.sleep(0.02)
+    await resp.write(second[17:])
+    await resp.write(content("d") + usage(7, 4))
+    await asyncio.sleep(0.01)
+    await resp.write(DONE)
+    return resp
+
+
+async def error_event(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(content("a"))
+    error = {"message": "boom", "type": "InternalServerError", "code": 500}
+    await resp.write(sse({"error": error}) + DONE)
+    return resp
+
+
+async def usage_only(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(usage(7, 0) + DONE)
+    return resp
+
+
+async def no_usage(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(content("a") + content("b") + DONE)
+    return resp
+
+
+async def http_500(request: web.Request, leave: Leave) -> web.Response:
+    return web.Response(status=500, text="engine exploded")
+
+
+async def stalls(request: web.Request, leave: Leave) -> web.StreamResponse:
+    resp = await start_stream(request)
+    await resp.write(content("a"))
+    await asyncio.sleep(5.0)
+    await resp.write(usage(7, 2) + DONE)
+    return resp
+
+
+async def slow_ok(request: web.Request, leave: Leave) -> web.StreamResponse:
+    """Holds the request for 0.1 s, leaves the in-flight count, then writes [DONE]."""
+    resp = await start_stream(request)
+    await resp.write(content("a"))
+    await asyncio.sleep(0.1)
+    await resp.write(content("b") + usage(7, 2))
+    leave()
+    await resp.write(DONE)
+    return resp
+
+
+async def chat_normal(request: web.Request, leave: Leave) -> web.StreamResponse:
+    """vLLM's chat stream: a role-only delta, content deltas (one carrying 2 tokens), usage."""
+    resp = await start_stream(request)
+    await resp.write(chat_delta({"role": "assistant", "content": ""}))
+    await resp.write(chat_delta({"content": "a"}))
+    await asyncio.sleep(0.01)
+    await resp.write(chat_delta({"content": "bc"}) + usage(9, 3) + DONE)
+    return resp
+
+
+Scenario = Callable[[web.Request, Leave], Awaitable[web.StreamResponse]]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "normal": normal,
+    "error_event": error_event,
+    "usage_only": usage_only,
+    "no_usage": no_usage,
+    "http_500": http_500,
+    "stalls": stalls,
+    "slow_ok": slow_ok,
+    "chat_normal": chat_normal,
+}
+
+
+def counter_clock() -> Callable[[], float]:
+    """Deterministic clock: 0.0, 1.0, 2.0, ... one step per call."""
+    ticks: Iterator[int] = iter(range(1_000_000))
+    return lambda: float(next(ticks))
+
+
+def spec(prompt: str, output_len: int = 4) -> RequestSpec:
+    return RequestSpec(prompt=prompt, prompt_len=7, output_len=output_len)
+
+
+async def run_against_server(
+    prompts: list[str], **kwargs: Any
+) -> tuple[LoadResult, FakeSSEServer]:
+    async with FakeSSEServer() as server:
+        result = await run_load(server.url, "tiny", [spec(p) for p in prompts], **kwargs)
+    return result, server
+
+
+@pytest.mark.timeout(60)
+def test_normal_stream_with_deterministic_clock() -> None:
+    done: list[RequestRecord] = []
+    result, server = asyncio.run(
+        run_against_server(["normal"], clock=counter_clock(), on_done=done.append)
+    )
+    # clock calls: run start 0, send 1, chunks 2 3 4, run end 5
+    assert result.records == (
+        RequestRecord(
+            index=0,
+            send_s=1.0,
+            ttft_s=1.0,
+            chunk_s=(2.0, 3.0, 4.0),
+            end_s=4.0,
+            prompt_tokens=7,
+            output_tokens=4,
+            success=True,
+        ),
+    )
+    record = result.records[0]
+    assert record.e2el_s == 3.0
+    assert record.tpot_s == pytest.approx(2.0 / 3.0)
+    assert record.itl_s == (1.0, 1.0)
+    assert (result.start_s, result.end_s, result.duration_s) == (0.0, 5.0, 5.0)
+    assert done == list(result.records)
+    assert server.payloads == [{**COMMON_PAYLOAD, "prompt": "normal", "max_tokens": 4}]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("prompt", "error_part"),
+    [
+        ("error_event", "boom"),
+        ("usage_only", "no content chunk"),
+        ("no_usage", "no usage in stream"),
+        ("http_500", "HTTP 500"),
+    ],
+)
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_failures_are_records(prompt: str, error_part: str, endpoint: str) -> None:
+    result, _ = asyncio.run(run_against_server(["normal", prompt, "normal"], endpoint=endpoint))
+    first, failure, last = result.records
+    assert first.success and last.success
+    assert not failure.success
+    assert error_part in failure.error
+    assert failure.e2el_s is None and failure.tpot_s is None
+    assert [r.index for r in result.records] == [0, 1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_timeout_is_a_failure_and_the_run_completes() -> None:
+    started = time.perf_counter()
+    result, _ = asyncio.run(run_against_server(["stalls", "normal"], timeout_s=0.5))
+    assert time.perf_counter() - started < 4.0
+    stalled, normal_record = result.records
+    assert not stalled.success
+    assert "timeout" in stalled.error
+    assert stalled.ttft_s is not None  # the first chunk did arrive
+    assert normal_record.success and normal_record.output_tokens == 4
+
+
+@pytest.mark.timeout(60)
+def test_connection_refused_is_a_failure() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    result = asyncio.run(run_load(f"http://127.0.0.1:{port}", "tiny", [spec("normal")]))
+    (record,) = result.records
+    assert not record.success and record.error
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("max_concurrency", "expected_peak"), [(1, 1), (3, 3), (None, 12)])
+def test_max_concurrency_respected(max_concurrency: int | None, expected_peak: int) -> None:
+    result, server = asyncio.run(
+        run_against_server(["slow_ok"] * 12, max_concurrency=max_concurrency)
+    )
+    assert all(r.success for r in result.records)
+    assert server.max_in_flight == expected_peak
+    assert max_in_flight([(r.send_s, r.end_s) for r in result.records]) <= expected_peak
+
+
+@pytest.mark.timeout(60)
+def test_sequential_requests_reuse_one_connection() -> None:
+    result, server = asyncio.run(run_against_server(["normal"] * 4, max_concurrency=1))
+    assert all(r.success for r in result.records)
+    assert len(server.client_ports) == 4
+    assert len(set(server.client_ports)) == 1
+
+
+@pytest.mark.timeout(60)
+def test_arrival_offsets_delay_sends() -> None:
+    result, _ = asyncio.run(run_against_server(["normal", "normal"], arrivals=[0.0, 0.3]))
+    first, second = result.records
+    assert second.send_s - first.send_s >= 0.29
+    assert second.send_s - result.start_s >= 0.29
+
+
+@pytest.mark.timeout(60)
+def test_arrivals_must_match_requests() -> None:
+    with pytest.raises(ValueError):
+        asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], arrivals=[0.0, 1.0]))
+
+
+async def health_server(statuses: list[int], polls: list[float]) -> asyncio.Server:
+    """An asyncio server on 127.0.0.1 answering GET /health with ``statuses`` in turn (then
+    the last again; 0: accept and never answer); each poll's time goes to ``polls``."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0]
+        assert line == b"GET /health HTTP/1.1"
+        status = statuses[min(len(polls), len(statuses) - 1)]
+        polls.append(time.monotonic())
+        if status == 0:
+            await asyncio.sleep(30)
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: 0\r\n\r\n" % status)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("statuses", "timeout_s", "ready", "n_polls", "elapsed"), [
+    pytest.param([503, 500, 200], 10.0, True, 3, (1.0, 2.5), id="polls-every-0.5s-until-200"),
+    pytest.param([404], 1.2, False, 3, (1.2, 2.0), id="never-200-until-the-deadline"),
+    pytest.param([0], 0.8, False, 1, (0.8, 1.5), id="silent-server-bounded-by-the-deadline"),
+])
+def test_wait_ready_polls_until_200_or_deadline(statuses: list[int], timeout_s: float,
+                                                ready: bool, n_polls: int,
+                                                elapsed: tuple[float, float]) -> None:
+    polls: list[float] = []
+
+    async def scenario() -> tuple[bool, float]:
+        server = await health_server(statuses, polls)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        started = time.monotonic()
+        try:
+            return await wait_ready(url, timeout_s), time.monotonic() - started
+        finally:
+            server.close()
+
+    got, took = asyncio.run(scenario())
+    assert got is ready and len(polls) == n_polls
+    assert elapsed[0] <= took < elapsed[1]
+    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    assert all(0.45 <= gap < 1.0 for gap in gaps), gaps
+
+
+@pytest.mark.timeout(60)
+def test_wait_ready_stops_when_the_server_dies_or_refuses_and_rejects_bad_urls() -> None:
+    polls: list[float] = []
+    alive = iter([True, True, False])
+
+    async def scenario() -> bool:
+        server = await health_server([503], polls)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            return await wait_ready(url, 30.0, is_alive=lambda: next(alive))
+        finally:
+            server.close()
+
+    assert asyncio.run(scenario()) is False and len(polls) == 2
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    started = time.monotonic()
+    assert asyncio.run(wait_ready(refused, 1.0)) is False
+    assert 1.0 <= time.monotonic() - started < 2.0
+    with pytest.raises(ValueError, match="base URL"):
+        asyncio.run(wait_ready("localhost:8000", 5.0))
+
+
+@pytest.mark.timeout(60)
+def test_chat_stream_with_deterministic_clock() -> None:
+    result, server = asyncio.run(
+        run_against_server(["chat_normal"], clock=counter_clock(), endpoint="chat")
+    )
+    # clock calls: run start 0, send 1, role chunk 2, content chunks 3 4, run end 5.
+    # The role-only first delta counts as a chunk, as vllm bench's openai-chat client counts it.
+    (record,) = result.records
+    assert record.success, record.error
+    assert (record.ttft_s, record.chunk_s, record.end_s) == (1.0, (2.0, 3.0, 4.0), 4.0)
+    assert (record.prompt_tokens, record.output_tokens) == (9, 3)
+    assert server.payloads == [{
+        **COMMON_PAYLOAD,
+        "messages": [{"role": "user", "content": "chat_normal"}],
+        "max_completion_tokens": 4,
+    }]
+
+
+@pytest.mark.timeout(60)
+def test_unknown_endpoint_is_rejected() -> None:
+    with pytest.raises(ValueError, match="endpoint"):
+        asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], endpoint="embeddings"))
+
+
+@pytest.mark.timeout(60)
+def test_duration_bound_stops_sending_and_lets_in_flight_finish() -> None:
+    # one slot, each request holds it ~0.1 s: within 0.35 s about 4 are sent, the rest are not
+    done: list[RequestRecord] = []
+    result, server = asyncio.run(
+        run_against_server(["slow_ok"] * 20, max_concurrency=1, duration_s=0.35,
+                           on_done=done.append)
+    )
+    sent = len(result.records)
+    assert 2 <= sent <= 5
+    assert result.not_sent == 20 - sent == 20 - len(server.payloads)
+    assert all(r.success for r in result.records)  # the last one started in time and finished
+    assert [r.index for r in result.records] == list(range(sent))
+    assert done == list(result.records)
+    assert result.duration_s >= 0.35
+
+
+@pytest.mark.timeout(60)
+def test_duration_bound_skips_late_arrivals() -> None:
+    result, server = asyncio.run(
+        run_against_server(["normal"] * 3, arrivals=[0.0, 0.1, 5.0], duration_s=0.5)
+    )
+    assert [r.index for r in result.records] == [0, 1]
+    assert result.not_sent == 1 and len(server.payloads) == 2
+    assert result.duration_s < 2.0  # did not wait for the arrival at 5 s
+
+
+@pytest.mark.timeout(60)
+def test_rejects_non_positive_duration() -> None:
+    with pytest.raises(ValueError, match="duration_s"):
+        asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], duration_s=0.0))
+
+
+def pieces(data: bytes, cut: int) -> list[bytes]:
+    """``data`` cut at ``cut`` and in 7-byte pieces after it (covers splits anywhere)."""
+    return [data[:cut]] + [data[i:i + 7] for i in range(cut, len(data), 7)]
+
+
+SSE_BODY = (b": ping\r\n\r\n" + content("a") + b"event: x\n" + content("b\\nc") +
+            b'data: {"choices": [{"text": "spaced"}]}\n\n' + usage(7, 4) + DONE + content("late"))
+
+
+@pytest.mark.parametrize("cut", range(0, len(SSE_BODY) + 1, 5))
+def test_sse_state_is_indifferent_to_splits(cut: int) -> None:
+    state = SSEState(counter_clock())
+    for piece in pieces(SSE_BODY, cut):
+        state.feed(piece)
+    state.end()
+    # three content chunks (one JSON-parsed: not in vLLM's compact form), then usage, [DONE]
+    assert state.chunks == [0.0, 1.0, 2.0]
+    assert (state.prompt_tokens, state.output_tokens, state.usage_seen) == (7, 4, True)
+    assert state.done and state.error == ""
+
+
+def test_sse_state_fast_path_matches_parsing() -> None:
+    # a content chunk whose text holds the marks' words, and one with usage on it
+    tricky = content('say "usage" and "error"') + sse(
+        {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    state = SSEState(counter_clock())
+    state.feed(tricky + b"data: {bad json")
+    assert state.chunks == [0.0, 1.0] and state.output_tokens == 2
+    with pytest.raises(ValueError):
+        state.end()  # the unterminated, malformed last line is parsed and fails
+
+
+def test_sse_state_error_event() -> None:
+    state = SSEState(counter_clock())
+    state.feed(content("a") + sse({"error": {"message": "boom", "type": "BadRequest"}}) +
+               content("b"))
+    assert state.done and state.chunks == [0.0]
+    assert state.error == "server error in stream (BadRequest): boom"

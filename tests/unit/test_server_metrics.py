@@ -1,0 +1,263 @@
+"""/metrics parsing and the pure run summary against hand-built Prometheus text; the sampler
+with a fake fetch, and fetch_text and the sampler's own fetch against a real server on
+127.0.0.1. (The sampler against a live vLLM server is in tests/test_bench.py.)"""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from framework.config.search_space import load_search_space
+from framework.engine.server_metrics import (
+    SERVER_METRIC_COLUMNS,
+    MetricsSampler,
+    Sample,
+    fetch_text,
+    parse_metrics,
+    summarize,
+)
+from framework.results.rows import TrialContext, trial_columns, trial_row
+from framework.trial.run import TrialOutcome
+
+LABELS = 'engine="0",model_name="m"'
+
+
+def page(kv: float = 0.0, running: float = 0, waiting: float = 0, preempt: float = 0,
+         queries: float = 0, hits: float = 0, qsum: float = 0.0, qcount: float = 0,
+         engine1: bool = False) -> str:
+    """A /metrics page shaped like vLLM 0.32's, with the watched values and some noise."""
+    text = f"""# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{{generation="0"}} 12345.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{{LABELS}}} {running}
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{{LABELS}}} {waiting}
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{{{LABELS},reason="capacity"}} 99.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{{LABELS}}} {kv}
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{{LABELS}}} {queries}
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{{{LABELS}}} 1.7e+09
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{{LABELS}}} {hits}
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{{LABELS}}} {preempt}
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_sum{{{LABELS}}} {qsum}
+vllm:request_queue_time_seconds_bucket{{{LABELS},le="0.3"}} {qcount}
+vllm:request_queue_time_seconds_bucket{{{LABELS},le="+Inf"}} {qcount}
+vllm:request_queue_time_seconds_count{{{LABELS}}} {qcount}
+"""
+    if engine1:
+        text += ('vllm:num_requests_running{engine="1",model_name="m"} 3.0\n'
+                 'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.9\n'
+                 'vllm:num_preemptions_total{engine="1",model_name="m"} 100.0\n')
+    return text
+
+
+def test_parse_keeps_watched_values_only() -> None:
+    values = parse_metrics(page(kv=0.25, running=4, waiting=2, preempt=1, queries=640,
+                                hits=320, qsum=1.5, qcount=10))
+    assert values == {
+        "vllm:kv_cache_usage_perc": 0.25, "vllm:num_requests_running": 4.0,
+        "vllm:num_requests_waiting": 2.0, "vllm:num_preemptions_total": 1.0,
+        "vllm:prefix_cache_queries_total": 640.0, "vllm:prefix_cache_hits_total": 320.0,
+        "vllm:request_queue_time_seconds_sum": 1.5,
+        "vllm:request_queue_time_seconds_count": 10.0,
+    }
+
+
+def test_parse_aggregates_engines() -> None:
+    values = parse_metrics(page(kv=0.25, running=4, preempt=1, engine1=True))
+    assert values["vllm:kv_cache_usage_perc"] == 0.9  # max over engines
+    assert values["vllm:num_requests_running"] == 7.0  # sum over engines
+    assert values["vllm:num_preemptions_total"] == 101.0
+
+
+def test_parse_of_an_unrelated_page_is_empty() -> None:
+    assert parse_metrics("# TYPE up gauge\nup 1\n") == {}
+    assert parse_metrics("") == {}
+
+
+def samples(*pages: str) -> list[Sample]:
+    return [Sample(t_s=float(i), values=parse_metrics(text)) for i, text in enumerate(pages)]
+
+
+@pytest.mark.parametrize(("pages", "expected"), [
+    pytest.param(
+        [page(kv=0.0, preempt=5, queries=1000, hits=100, qsum=2.0, qcount=20),
+         page(kv=0.5, running=8, waiting=3, preempt=6, queries=1400, hits=400, qsum=2.5,
+              qcount=24),
+         page(kv=0.25, running=2, waiting=0, preempt=8, queries=1800, hits=500, qsum=3.0,
+              qcount=30)],
+        {"kv_cache_usage_max": 0.5, "kv_cache_usage_mean": 0.25, "preemptions": 3,
+         "prefix_cache_hit_rate": 400 / 800, "waiting_requests_max": 3,
+         "running_requests_max": 8, "queue_time_mean_s": 1.0 / 10},
+        id="deltas-over-the-run"),
+    pytest.param(
+        [page(queries=50, hits=10), page(kv=0.1, running=1, queries=50, hits=10)],
+        {"kv_cache_usage_max": 0.1, "kv_cache_usage_mean": 0.05, "preemptions": 0,
+         "prefix_cache_hit_rate": None, "waiting_requests_max": 0, "running_requests_max": 1,
+         "queue_time_mean_s": None},
+        id="no-queries-no-queue"),
+    pytest.param(
+        [page(kv=0.3, running=2, preempt=4)],
+        {"kv_cache_usage_max": 0.3, "kv_cache_usage_mean": 0.3, "preemptions": None,
+         "prefix_cache_hit_rate": None, "waiting_requests_max": 0, "running_requests_max": 2,
+         "queue_time_mean_s": None},
+        id="one-sample-no-deltas"),
+    pytest.param(
+        [page(preempt=9, queries=100, hits=50), page(preempt=2, queries=10, hits=0)],
+        {"preemptions": 0, "prefix_cache_hit_rate": None},
+        id="counter-reset-counts-zero"),
+    pytest.param(
+        [], {key: None for key, _ in SERVER_METRIC_COLUMNS}, id="no-samples"),
+])
+def test_summarize(pages: list[str], expected: dict) -> None:
+    result = summarize(samples(*pages))
+    assert list(result) == [key for key, _ in SERVER_METRIC_COLUMNS]
+    for key, value in expected.items():
+        assert result[key] == (pytest.approx(value) if value is not None else None), key
+
+
+def test_summarize_skips_samples_missing_a_name() -> None:
+    # a scrape that lacked the counters does not break the deltas of the others
+    partial = Sample(t_s=1.0, values={"vllm:kv_cache_usage_perc": 0.7})
+    result = summarize([*samples(page(preempt=1)), partial, *samples(page(preempt=4))])
+    assert result["preemptions"] == 3
+    assert result["kv_cache_usage_max"] == 0.7
+
+
+class FakeFetch:
+    """Serves the given pages in order (then repeats the last); raises for None entries."""
+
+    def __init__(self, pages: list[str | None]) -> None:
+        self.pages, self.urls = pages, []
+
+    def __call__(self, url: str, timeout_s: float) -> str:
+        self.urls.append(url)
+        text = self.pages[min(len(self.urls) - 1, len(self.pages) - 1)]
+        if text is None:
+            raise ConnectionError("refused")
+        return text
+
+
+@pytest.mark.timeout(30)
+def test_sampler_brackets_the_run_and_counts_failures() -> None:
+    fetch = FakeFetch([page(preempt=1), None, page(kv=0.5, preempt=2), page(preempt=3)])
+    ticks = itertools.count()
+    sampler = MetricsSampler("http://host:1/", interval_s=0.01, clock=lambda: float(next(ticks)),
+                             fetch=fetch).start()
+    assert len(sampler.result.samples) == 1  # the baseline is taken before start() returns
+    while len(fetch.urls) < 4:
+        pass
+    result = sampler.stop()
+    assert fetch.urls[0] == "http://host:1/metrics"
+    assert result.errors == 1 and "refused" in result.last_error
+    assert len(result.samples) == len(fetch.urls) - 1
+    assert [s.t_s for s in result.samples] == sorted(s.t_s for s in result.samples)
+    assert result.cpu_s >= 0
+    summary = summarize(result.samples)
+    assert summary["preemptions"] == 2 and summary["kv_cache_usage_max"] == 0.5
+
+
+@pytest.mark.timeout(30)
+def test_sampler_against_nothing_is_empty_not_an_error() -> None:
+    with MetricsSampler("http://127.0.0.1:9", interval_s=0.01, timeout_s=0.2) as sampler:
+        pass
+    assert sampler.result.samples == [] and sampler.result.errors >= 2
+    assert summarize(sampler.result.samples)["kv_cache_usage_max"] is None
+
+
+class MetricsPages(http.server.BaseHTTPRequestHandler):
+    """GET /metrics: page() with the preemption counter one higher per scrape; else 404."""
+
+    scrapes = 0
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            type(self).scrapes += 1
+            body, status = page(kv=0.25, preempt=type(self).scrapes).encode(), 200
+        else:
+            body, status = b"not found", 404
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[str]:
+    """Base URL of a threaded HTTP server on 127.0.0.1 serving MetricsPages."""
+    MetricsPages.scrapes = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsPages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timeout(30)
+def test_fetch_text_gets_a_200_body_and_raises_for_other_statuses(metrics_server: str) -> None:
+    assert fetch_text(f"{metrics_server}/metrics", 2.0) == page(kv=0.25, preempt=1)
+    with pytest.raises(OSError, match="HTTP 404"):
+        fetch_text(f"{metrics_server}/nowhere", 2.0)
+
+
+@pytest.mark.timeout(30)
+def test_sampler_scrapes_a_real_server_with_its_own_fetch(metrics_server: str) -> None:
+    sampler = MetricsSampler(metrics_server + "/", interval_s=0.05).start()
+    assert MetricsPages.scrapes == 1
+    while MetricsPages.scrapes < 4:
+        time.sleep(0.01)
+    result = sampler.stop()
+    assert result.errors == 0 and len(result.samples) == MetricsPages.scrapes >= 5
+    assert [s.values["vllm:num_preemptions_total"] for s in result.samples] == [
+        float(n) for n in range(1, len(result.samples) + 1)]
+    summary = summarize(result.samples)
+    assert summary["preemptions"] == len(result.samples) - 1
+    assert summary["kv_cache_usage_max"] == 0.25
+
+
+def test_sampler_rejects_bad_interval() -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        MetricsSampler("http://x", interval_s=0)
+
+
+def test_server_metrics_reach_the_trial_row() -> None:
+    root = Path(__file__).resolve().parents[2]
+    space = load_search_space(root / "search_spaces" / "tiny_cpu.yaml")
+    columns = trial_columns(space, (50, 99))
+    names = [name for name, _ in columns]
+    server = [name for name, _ in SERVER_METRIC_COLUMNS]
+    start = names.index(server[0])
+    assert names[start:start + len(server)] == server
+    assert names.index("p99_e2el_ms") < start  # after the request metrics
+    ctx = TrialContext(number=0, params={}, is_baseline=True, serve_command="", vllm_version="x",
+                       server_log="")
+    values = {"kv_cache_usage_max": 0.5, "kv_cache_usage_mean": 0.2, "preemptions": 3,
+              "prefix_cache_hit_rate": None, "waiting_requests_max": 1,
+              "running_requests_max": 8, "queue_time_mean_s": 0.01}
+    outcome = TrialOutcome(started_at=datetime.now(UTC), argv=(),
+                           server_metrics=values)
+    row = trial_row(ctx, outcome, None, columns)
+    assert {k: row[k] for k in server} == values
+    failed = trial_row(ctx, TrialOutcome(started_at=datetime.now(UTC), argv=()), None,
+                       columns)
+    assert all(failed[k] is None for k in server)

@@ -1,0 +1,119 @@
+"""`status` and `best` read only the stored rows: they work on a sweep killed mid-way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, write_rows
+
+
+def sweep_file(tmp: Path, tiny_model: Path) -> Path:
+    path = tmp / "killed.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "killed", "model": str(tiny_model),
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512}},
+        "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
+        "results_dir": str(tmp / "results")}))
+    return path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "framework.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_status_of_a_killed_sweep(tmp_path, tiny_model):
+    write_rows(tmp_path / "results")
+    dead = {"pid": 999999, "create_time": 1.0, "session": "gone"}
+    (tmp_path / "results" / "killed" / "driver.json").write_text(json.dumps(dead))
+    res = cli("status", str(sweep_file(tmp_path, tiny_model)))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "5/10 trials finished; driver not running" in out
+    assert ("complete 3 (feasible 2, SLA violated 1); infeasible (not launched) 1; "
+            "failed: startup_crash 1") in out
+    assert "best feasible: trial 1: output_throughput = 150" in out
+    # 4 minutes between the first start and the last end (40 s); 5 trials x 40 s remain.
+    assert "elapsed 4.7 min; remaining ~3.3 min" in out
+
+
+def test_best_is_the_best_feasible_trial_as_command_and_yaml(tmp_path, tiny_model):
+    write_rows(tmp_path / "results")
+    sweep = str(sweep_file(tmp_path, tiny_model))
+    res = cli("best", sweep)
+    assert res.returncode == 0 and res.stdout.strip() == "vllm serve m --trial 1"
+    res = cli("best", sweep, "--format", "yaml")
+    doc = yaml.safe_load(res.stdout)
+    assert doc["trial"] == 1 and doc["objective"] == 150.0
+    assert doc["flags"] == {"enforce-eager": True, "max-model-len": 512, "max-num-seqs": 16,
+                            "max-num-batched-tokens": 2048, "enable-chunked-prefill": True,
+                            "enable-prefix-caching": True}
+
+
+def test_best_without_a_feasible_trial_exits_1(tmp_path, tiny_model):
+    res = cli("best", str(sweep_file(tmp_path, tiny_model)))
+    assert res.returncode == 1 and "no feasible trial yet" in res.stderr
+
+
+def test_pareto_trials_keeps_the_feasible_non_dominated_ones():
+    import pandas as pd
+
+    from framework.results.status import pareto_trials
+
+    trials = pd.DataFrame({
+        "trial_number": [0, 1, 2, 3, 4, 5],
+        "state": ["COMPLETE"] * 5 + ["FAIL"],
+        "feasible": [True, True, True, False, True, None],
+        "output_throughput": [10.0, 20.0, 15.0, 99.0, 20.0, None],
+        "p99_ttft_ms": [100.0, 300.0, 400.0, 1.0, 300.0, None],
+    })
+    front = pareto_trials(trials, ["output_throughput", "p99_ttft_ms"], ["maximize", "minimize"])
+    # 2 is dominated by 1; 3 is infeasible; 1 and 4 tie (neither dominates the other)
+    assert list(front["trial_number"]) in ([1, 4, 0], [4, 1, 0])
+
+
+def confirmed_trials():
+    import pandas as pd
+
+    rows = [  # number, objective, feasible, confirmation_of
+        (0, 100.0, True, None), (1, 150.0, True, None), (2, 140.0, True, None),
+        (3, 120.0, True, 1),    # trial 1 re-measured lower: mean 135
+        (4, 138.0, True, 2),    # trial 2 re-measured: mean 139 -> the confirmed best
+    ]
+    return pd.DataFrame({
+        "trial_number": [r[0] for r in rows], "state": ["COMPLETE"] * len(rows),
+        "feasible": [r[2] for r in rows], "objective": [r[1] for r in rows],
+        "confirmation_of": pd.array([r[3] for r in rows], dtype="Int64"),
+        "is_baseline": [True, False, False, False, False],
+        "serve_command": [f"vllm serve m --t {r[0]}" for r in rows],
+        "objective_cv": [None] * len(rows)})
+
+
+def test_best_after_confirmation_runs_is_the_best_confirmed_mean():
+    from framework.results.console import best_trial, confirmed_scores, noise_line
+
+    trials = confirmed_trials()
+    assert confirmed_scores(trials) == {1: 135.0, 2: 139.0}
+    best = best_trial(trials, [], maximize=True)
+    assert (best.number, best.objective, best.serve_command) == (2, 139.0, "vllm serve m --t 2")
+    assert best.gain == pytest.approx(0.39)
+    # a confirmation that broke the SLA drops its configuration
+    broken = trials.copy()
+    broken.loc[broken["trial_number"] == 4, "feasible"] = False
+    assert best_trial(broken, [], maximize=True).number == 1
+    # |120 - 150| / 150 = 20%, |138 - 140| / 140 = 1.4%: median 10.7%
+    assert "confirmation runs moved the objective by 10.7% (median of 2)" in noise_line(trials)
+
+
+def test_without_confirmations_best_is_the_single_best_measurement():
+    from framework.results.console import best_trial
+
+    trials = confirmed_trials().iloc[:3].copy()
+    assert best_trial(trials, [], maximize=True).number == 1
