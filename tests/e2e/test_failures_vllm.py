@@ -1,9 +1,16 @@
-"""Real vLLM servers that fail: killed in the middle of the load (FAIL(server_died) with the
-log tail, the request rows measured so far kept, the sweep's other trials unaffected), and out
-of KV cache memory at start-up (FAIL(oom_at_startup))."""
+"""Real vLLM servers that fail, and a driver killed with kill -9:
+- a server killed in the middle of the load: FAIL(server_died) with the log tail, the request
+  rows measured so far kept, the sweep's other trials unaffected;
+- out of KV cache memory at start-up: FAIL(oom_at_startup);
+- kill -9 of the driver mid-sweep, then the same `run` again: the study continues, the
+  interrupted trial is recorded once as FAIL(interrupted), no row is duplicated or lost, no
+  partial Parquet file is visible, and no process of either run remains."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 
 import duckdb
@@ -12,6 +19,7 @@ import pytest
 import yaml
 
 from tests.helpers import (
+    CLI,
     cli_env,
     cli_process,
     marked_processes,
@@ -76,3 +84,41 @@ def test_kv_cache_too_small_at_startup_is_oom_at_startup(tiny_model, short_tmp):
     assert "KV cache" in row["fail_detail"] and "512" in row["fail_detail"], row["fail_detail"]
     assert row["startup_s"] is None or pd.isna(row["startup_s"])
     assert wait_no_marked_processes(marker) == []
+
+
+@pytest.mark.timeout(900)
+def test_kill_9_of_the_driver_then_resume(tiny_model, short_tmp):
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    sweep = write_sweep(short_tmp, tiny_model, n_trials=3, name="resume")
+    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        seen = read_until(proc, "trial 1: starting server", timeout_s=400)
+        assert "trial 1: starting server" in seen, seen
+        time.sleep(6)  # trial 1's server actor is up, vLLM is starting
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its Ray and vLLM are orphaned
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    after_kill = read_trials(short_tmp / "results", "resume")
+    assert list(after_kill["trial_number"]) == [0]
+
+    again = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "trial 1 was interrupted by an earlier run" in again.stdout
+    trials = read_trials(short_tmp / "results", "resume")
+    assert list(trials["trial_number"]) == [0, 1, 2]
+    assert list(trials["state"]) == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert trials.iloc[1]["fail_reason"] == "interrupted"
+    requests = duckdb.sql(
+        f"SELECT trial_number, count(*) FROM read_parquet('{short_tmp}/results/resume/requests/"
+        "**/*.parquet', hive_partitioning=true) GROUP BY ALL ORDER BY 1").fetchall()
+    assert requests == [(0, 40), (2, 40)]
+    visible = sorted(p.name for p in (short_tmp / "results" / "resume").rglob("*.parquet"))
+    assert all(name.startswith("trial-") for name in visible), visible
+    assert not (short_tmp / "results" / "resume" / "driver.json").exists()
+    assert wait_no_marked_processes(marker, timeout_s=30) == []
