@@ -27,11 +27,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
-from framework.config.yaml_io import first_error, read_yaml
+from framework.config.yaml_io import load_validated
 
 # Run settings a search space may vary (kind: run), and the workload field each one sets.
 RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",
@@ -223,12 +222,7 @@ class SearchSpace(BaseModel):
 
 def load_search_space(path: Path) -> SearchSpace:
     """Read and validate a search-space file; every problem is a one-line ConfigError."""
-    data = read_yaml(path)
-    try:
-        return SearchSpace.model_validate(data)
-    except ValidationError as exc:
-        key, value, msg = first_error(exc)
-        raise ConfigError(str(path), key, value, msg) from None
+    return load_validated(path, SearchSpace)
 
 
 def grid_values(space: SearchSpace, max_points: int = 4096) -> dict[str, list[Scalar]]:

@@ -16,12 +16,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from framework.base.errors import ConfigError
 from framework.base.vocabulary import (  # noqa: F401 - Scalar and the metric words, re-exported
     ERROR_RATE,
     LATENCY_METRICS,
@@ -31,7 +29,7 @@ from framework.base.vocabulary import (  # noqa: F401 - Scalar and the metric wo
     parse_latency_key,
     percentile_key,
 )
-from framework.config.yaml_io import HIDDEN, SecretInSweep, first_error, read_yaml  # noqa: F401
+from framework.config.yaml_io import SecretInSweep, load_validated
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -398,9 +396,4 @@ class SweepSpec(_Spec):
 
 def load_sweep(path: Path) -> SweepSpec:
     """Read and validate a sweep file; every problem is a one-line ConfigError."""
-    data = read_yaml(path)
-    try:
-        return SweepSpec.model_validate(data)
-    except ValidationError as exc:
-        key, value, msg = first_error(exc)
-        raise ConfigError(str(path), key, value, msg) from None
+    return load_validated(path, SweepSpec)

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from framework.base.errors import ConfigError
 
@@ -70,3 +70,16 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(str(path), "(top level)", type(data).__name__, "expected a mapping")
     return data
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def load_validated(path: Path, model: type[Model]) -> Model:
+    """Read a YAML file and validate it as `model`; every problem is a one-line ConfigError."""
+    data = read_yaml(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        key, value, msg = first_error(exc)
+        raise ConfigError(str(path), key, value, msg) from None

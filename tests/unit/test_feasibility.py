@@ -5,7 +5,6 @@ by hand from vLLM 0.32's source (paths inside the installed `vllm` package)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +22,7 @@ from framework.engine.feasibility import (
 )
 from framework.engine.model_info import ModelInfo
 from framework.sweep import loader as sweep
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.helpers import ROOT as REPO
 
 R1_70B = read_model_facts(REPO / "model_configs" / "deepseek-r1-distill-llama-70b")
 

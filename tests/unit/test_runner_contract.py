@@ -31,8 +31,8 @@ from framework.engine import control
 from framework.search.tuner import Evaluation, Proposal, Tuner
 from framework.sweep.loader import load
 from framework.sweep.runner import Runner
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 SERVE = "import sys; from framework.engine.fake_engine import serve; serve(sys.argv[1:])"
 PLACEMENT_TIMEOUT_S = 20.0  # a device never freed fails the trial, not the test run

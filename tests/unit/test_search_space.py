@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from pydantic import ValidationError
 
@@ -18,9 +16,7 @@ from framework.config.search_space import (
     grid_values,
     load_search_space,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.helpers import ROOT as REPO
 
 TINY_CPU = REPO / "search_spaces" / "tiny_cpu.yaml"
 
@@ -137,14 +133,6 @@ def test_malformed_search_space_is_one_line_config_error(tmp_path, text, key, me
         assert f": {err.key}: " in message
     for part in mentions:
         assert part in message
-
-
-def test_missing_search_space_file(tmp_path):
-    path = tmp_path / "absent.yaml"
-    with pytest.raises(ConfigError) as info:
-        load_search_space(path)
-    assert info.value.key == "(file)"
-    assert str(path) in str(info.value)
 
 
 @pytest.mark.parametrize("parameters, message", [

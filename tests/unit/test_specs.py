@@ -11,10 +11,9 @@ from pydantic import ValidationError
 
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import is_latency_metric
+from framework.config.search_space import load_search_space
 from framework.config.specs import SearchSpec, load_sweep
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.helpers import ROOT as REPO
 
 # Smallest valid sweep; every malformed case below starts from it.
 BASE = "name: t\nmodel: models/m\nsearch_space: spaces/s.yaml\n"
@@ -161,10 +160,11 @@ def test_malformed_sweep_is_one_line_config_error(tmp_path, text, key, mentions)
         assert text_part in message
 
 
-def test_missing_sweep_file_is_config_error(tmp_path):
+@pytest.mark.parametrize("load", [load_sweep, load_search_space])
+def test_a_missing_file_is_one_config_error(tmp_path, load):
     path = tmp_path / "nope.yaml"
-    with pytest.raises(ConfigError) as info:
-        load_sweep(path)
+    with pytest.raises(ConfigError, match="No such file") as info:
+        load(path)
     assert info.value.key == "(file)"
     assert str(path) in str(info.value)
     assert "\n" not in str(info.value)

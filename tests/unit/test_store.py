@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import duckdb
 import pandas as pd
@@ -21,9 +20,7 @@ from framework.results.rows import (
 from framework.results.store import ResultStore, arrow_schema
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.helpers import ROOT as REPO
 
 SWEEP = "demo-sweep"
 

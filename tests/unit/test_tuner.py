@@ -17,9 +17,7 @@ from framework.search.tuner import (
     Tuner,
     distributions,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.helpers import ROOT as REPO
 
 SPACE = load_search_space(REPO / "search_spaces" / "tiny_cpu.yaml")
 

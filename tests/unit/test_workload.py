@@ -17,9 +17,7 @@ from framework.load.sharegpt import (
     sharegpt_requests,
 )
 from framework.load.workload import Dataset, arrival_offsets, prefix_shared_requests, random_requests
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from tests.helpers import ROOT
 
 MODEL_DIR = ROOT / "models" / "tiny-llama"
 
