@@ -1,6 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   venv + vLLM CPU engine + tiny model, then a real sweep (sweeps/quickstart.yaml)
-#   make test   the same environment, then the test suite (what CI runs via .ci/run)
+#   make test   the same environment, then the checks and every test (what CI runs via .ci/run)
+# and one for the edit loop:
+#   make check  ruff, the import-linter layer contracts, and tests/unit (no server, no Ray)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -21,11 +23,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 GPU_VENV := .venv-gpu
 
-.PHONY: install model browser demo test test-gpu clean
+.PHONY: install model browser demo lint check test test-gpu clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml framework/engine_setup.py
+$(STAMP): pyproject.toml framework/tools/engine_setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -e ".[cpu,test]"
 	$(BIN)/python -m framework.tools.engine_setup
@@ -33,7 +35,7 @@ $(STAMP): pyproject.toml framework/engine_setup.py
 
 model: $(MODEL)/config.json
 
-$(MODEL)/config.json: $(STAMP) framework/tiny_model.py
+$(MODEL)/config.json: $(STAMP) framework/tools/tiny_model.py
 	$(BIN)/vllm-sweep build-model $(MODEL) --force
 
 # Headless Chromium for the HTML report's browser test (Debian's package; no browser download).
@@ -43,7 +45,14 @@ browser:
 demo: install model
 	$(BIN)/vllm-sweep run $(SWEEP)
 
-test: install model browser
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+check: lint model
+	$(BIN)/python -m pytest -ra tests/unit
+
+test: lint model browser
 	$(BIN)/python -m pytest -ra
 
 # Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then

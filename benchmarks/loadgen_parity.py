@@ -47,7 +47,7 @@ from typing import Any
 
 try:
     from record import ROOT, append_section, uptime
-except ModuleNotFoundError:  # imported as benchmarks.loadgen_parity (tests/test_bench.py)
+except ModuleNotFoundError:  # imported as benchmarks.loadgen_parity (tests/{unit,e2e}/test_bench.py)
     from benchmarks.record import ROOT, append_section, uptime
 from framework.cluster.ports import pick_port
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/scheduling.py [--runs N] [--no-doc]
 
-Runs tests/test_scheduling_scale.py N times (default 2): an emulated Ray cluster of 4 nodes x 8
+Runs tests/e2e/test_scheduling_scale.py N times (default 2): an emulated Ray cluster of 4 nodes x 8
 fake GPUs at 127.0.0.2-5, a sweep of 40 random TP {1,2,4,8} x PP {1,2,16} shapes served by
 FakeEngine (3 s start-up, 30 ms TTFT, 20 ms TPOT, 32 prompts x 24 tokens at concurrency 8),
 with `server.reuse: false` so every trial places its own group. The test asserts the
@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 
 from record import ROOT, append_section, uptime
 
-TEST = "tests/test_scheduling_scale.py::test_forty_mixed_trials_on_32_fake_gpus"
+TEST = "tests/e2e/test_scheduling_scale.py::test_forty_mixed_trials_on_32_fake_gpus"
 PATTERNS = {
     "per_trial": r"busy fraction while trials were queued: ([\d.]+)% over (\d+) s",
     "any_moment": r"while any trial was queued, each moment counted once: ([\d.]+)% over (\d+) s",

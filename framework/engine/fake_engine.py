@@ -1,7 +1,7 @@
 """FakeEngine: a named stand-in for vLLM's OpenAI server, for scheduling tests at a scale this
 machine cannot run for real (e.g. 4 nodes x 8 fake GPUs). It is NOT a model server.
 
-It honours the same contract as `engine.serve` (tests/test_engine_contract.py runs one suite
+It honours the same contract as `engine.serve` (tests/{unit,e2e}/test_engine_contract.py runs one suite
 against both): `serve(argv)` blocks the calling thread while serving `GET /health`,
 `GET /metrics` and streaming `POST /v1/completions` with `usage`; unknown or malformed flags
 raise TrialError(invalid_args) before anything listens; it stops when its process is killed.

@@ -98,7 +98,7 @@ def serve(argv: Sequence[str]) -> None:
 
 
 # Text of a server that died for want of memory while starting, in vLLM 0.32's wording
-# (tests/test_oom_markers.py holds each message with its source).
+# (tests/unit/test_oom_markers.py holds each message with its source).
 OOM_MARKERS = (
     "out of memory",  # torch and CUDA allocation failures, vLLM's warm-up RuntimeErrors
     "OutOfMemoryError",  # torch.OutOfMemoryError

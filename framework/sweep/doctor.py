@@ -7,7 +7,7 @@ that passed, short servers started exactly as a sweep starts them (the launcher 
 the sweep's load plan cut to DOCTOR_REQUESTS measured requests and no warm-up): one TP=1 per
 GPU type (CPU engine: one CPU server), TP=2 on a node with two GPUs and PP=2 across two nodes
 where the cluster has room. Rows, the server plan and the exit code are pure functions of what
-was seen (tests/test_doctor.py); `run` wires them to a probe and a launcher the cli passes in,
+was seen (tests/{unit,e2e}/test_doctor.py); `run` wires them to a probe and a launcher the cli passes in,
 so this module imports no Ray.
 """
 

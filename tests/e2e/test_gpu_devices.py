@@ -1,7 +1,7 @@
 """The device contract, proven without a GPU: an emulated 3-node Ray cluster whose two worker
 nodes declare 4 fake GPUs each. Ray assigns GPU ids and sets CUDA_VISIBLE_DEVICES for fake GPUs
 as it does for real ones, so FakeEngine servers and their per-bundle workers (named stand-ins,
-framework/fake_engine.py) record what each process holds and sees, in the occupancy log.
+framework/engine/fake_engine.py) record what each process holds and sees, in the occupancy log.
 
 Across concurrent mixed-shape trials (TP=1, TP=2, TP=2 x PP=2, and TP=4 x PP=2 when both nodes
 are free) the test asserts:

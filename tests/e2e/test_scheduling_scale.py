@@ -1,5 +1,5 @@
 """Scheduling at scale with fakes: 4 emulated nodes x 8 fake GPUs, 40 trials of mixed TP/PP
-shapes served by FakeEngine (a named stand-in; see framework/fake_engine.py and the engine
+shapes served by FakeEngine (a named stand-in; see framework/engine/fake_engine.py and the engine
 contract tests). Asserted from the per-device occupancy log that FakeEngine's placeholder
 workers write (and the launcher, when it releases a trial's group): no device double-booked,
 every rank inside its own trial's group, all trials end. Prints the busy fraction while trials
@@ -74,7 +74,7 @@ def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
     sweep = short_tmp / "scale.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": "scale", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
-        # reuse off: every trial places its own group (reuse: tests/test_server_reuse.py)
+        # reuse off: every trial places its own group (reuse: tests/{unit,e2e}/test_server_reuse.py)
         "server": {"host": "node", "startup_timeout_s": 300, "reuse": False,
                    "env": {"FAKE_ENGINE_STARTUP_S": "3", "FAKE_ENGINE_TTFT_MS": "30",
                            "FAKE_ENGINE_TPOT_MS": "20",

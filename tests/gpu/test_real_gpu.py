@@ -1,7 +1,7 @@
 """Real-GPU tests, for the first user who has GPUs: `make test-gpu` (skipped without CUDA).
 
 Each runs a short sweep with `engine: gpu` on this machine's Ray (or RAY_ADDRESS's cluster)
-and asserts what the fake-GPU contract test (tests/test_gpu_devices.py) proves on emulated
+and asserts what the fake-GPU contract test (tests/e2e/test_gpu_devices.py) proves on emulated
 devices, here on real ones:
 - two concurrent TP=1 trials on distinct GPUs both start (on one GPU the second would fail
   vLLM's free-memory check at start-up);

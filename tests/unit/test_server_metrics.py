@@ -1,6 +1,6 @@
 """/metrics parsing and the pure run summary against hand-built Prometheus text; the sampler
 with a fake fetch, and fetch_text and the sampler's own fetch against a real server on
-127.0.0.1. (The sampler against a live vLLM server is in tests/test_bench.py.)"""
+127.0.0.1. (The sampler against a live vLLM server is in tests/{unit,e2e}/test_bench.py.)"""
 
 from __future__ import annotations
 
