@@ -56,7 +56,8 @@ def run_once() -> dict[str, float]:
                           TEST], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     if res.returncode != 0:
         raise SystemExit(f"the scale test failed (exit {res.returncode}):\n{res.stdout[-3000:]}")
-    return {**parse(res.stdout), "wall_s": time.monotonic() - t0, "load": uptime().split("load average: ")[-1]}
+    return {**parse(res.stdout), "wall_s": time.monotonic() - t0,
+            "load": uptime().split("load average: ")[-1]}
 
 
 def table(runs: list[dict[str, float]]) -> list[str]:

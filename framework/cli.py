@@ -12,10 +12,16 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from framework import __version__
 from framework.base.errors import ClusterError, ConfigError
+
+if TYPE_CHECKING:
+    from framework.base.vocabulary import Scalar
+    from framework.config.specs import SweepSpec
 
 EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED = 2, 3, 130
 
@@ -106,7 +112,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_pareto(spec, trials) -> int:
+def _print_pareto(spec: SweepSpec, trials: Any) -> int:  # trials: a pandas DataFrame (results/ owns pandas)
     from framework.results.status import pareto_trials
 
     metrics = list(spec.objective.metrics)
@@ -149,7 +155,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     configs = (list(plan.configurations(space)) if exhaustive
                else plan.sample(space, plan.SAMPLE_SIZE, spec.search.seed))
 
-    def check(params):
+    def check(params: Mapping[str, Scalar]):
         from framework.engine.server_args import trial_flags
 
         return sweep_mod.feasibility(sw, trial_flags(spec.server.args, space.server_params(params),

@@ -121,8 +121,8 @@ def emulated_cluster(tmp: Path, nodes: list[dict]):
 def assert_loopback_nodes(address: str) -> None:
     """Every node of the cluster at `address` has a loopback address (checked from a child
     process, so this process joins no cluster)."""
-    code = ("import ray; ray.init(address=%r, logging_level='ERROR'); "
-            "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))" % address)
+    code = (f"import ray; ray.init(address={address!r}, logging_level='ERROR'); "
+            "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=dict(os.environ, RAY_ADDRESS="")).stdout.split()
     assert out and all(ipaddress.ip_address(ip).is_loopback for ip in out), out

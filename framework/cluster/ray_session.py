@@ -41,13 +41,13 @@ class RaySession:
                          num_gpus=self.num_gpus, _node_ip_address="127.0.0.1",
                          include_dashboard=False, _temp_dir=self._temp_dir, log_to_driver=False,
                          logging_level="WARNING")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure to start Ray is the cluster error
                 raise ClusterError(f"could not start a local Ray: {exc}") from None
         else:
             try:
                 ray.init(address=self.address or "auto", log_to_driver=False,
                          logging_level="WARNING")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure to join Ray is the cluster error
                 raise ClusterError(f"could not join Ray at {self.address or os.environ.get('RAY_ADDRESS')}: "
                                    f"{exc}") from None
         return self

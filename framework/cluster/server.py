@@ -124,7 +124,7 @@ _remove_remote = ray.remote(num_cpus=0)(_remove)
 _send_remote = ray.remote(num_cpus=0)(control.send)
 
 
-def on_node(node_id: str, fn, *args, timeout_s: float = 60.0):
+def on_node(node_id: str, fn: ray.remote_function.RemoteFunction, *args, timeout_s: float = 60.0):
     """Run the remote function `fn(*args)` on one node and wait for its result."""
     strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
     return ray.get(fn.options(scheduling_strategy=strategy).remote(*args), timeout=timeout_s)

@@ -22,6 +22,8 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 ENV_FLAG = "VLLM_SWEEP_CPU_RAY"
@@ -66,7 +68,7 @@ def _patch_accelerator_ids() -> None:
         return
     original = RuntimeContext.get_accelerator_ids
 
-    def get_accelerator_ids(self):
+    def get_accelerator_ids(self: RuntimeContext):
         ids = dict(original(self))
         ids.setdefault("CPU", [])
         return ids
@@ -78,10 +80,11 @@ def _patch_accelerator_ids() -> None:
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
     """Runs `patch(module)` right after `name` is first imported (once)."""
 
-    def __init__(self, name: str, patch) -> None:
+    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
         self.name, self.patch = name, patch
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None):
         if fullname != self.name:
             return None
         sys.meta_path.remove(self)
@@ -91,7 +94,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         loader, patch = spec.loader, self.patch
         exec_module = loader.exec_module
 
-        def exec_and_patch(module):
+        def exec_and_patch(module: ModuleType):
             exec_module(module)
             patch(module)
 
@@ -99,7 +102,7 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _after_import(name: str, patch) -> None:
+def _after_import(name: str, patch: Callable[[ModuleType], None]) -> None:
     if name in sys.modules:
         patch(sys.modules[name])
         return

@@ -223,7 +223,8 @@ class SearchSpec(_Spec):
     grid (every combination of a small discrete space, then stops), nsga2 (multi-objective
     evolutionary). `learn_from_failures`: configuration failures (infeasible, invalid_args,
     oom_at_startup, startup_crash, unplaceable) are told to Optuna as violated constraints so
-    it leaves their region (off: plain FAIL, which TPE ignores). `trial_timeout_s`: deadline of one trial from the moment its
+    it leaves their region (off: plain FAIL, which TPE ignores).
+    `trial_timeout_s`: deadline of one trial from the moment its
     placement group is placed (start-up, warm-up and load; queueing for placement excluded),
     FAIL(trial_timeout) past it. `requeue_interrupted`: a trial interrupted by a stopped or
     killed driver runs again, as a new trial, when the sweep resumes. `stop_early`: end a

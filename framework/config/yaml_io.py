@@ -41,7 +41,7 @@ def first_error(exc: ValidationError) -> tuple[str, Any, str]:
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects a key repeated in one mapping (PyYAML keeps the last silently)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False):
         seen: set = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)

@@ -28,7 +28,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from framework.base.errors import TrialError
 from framework.engine.control import serve_from_env
@@ -135,7 +135,8 @@ async def _serve(args: argparse.Namespace) -> None:
         return resp
 
     @web.middleware
-    async def authenticate(request: web.Request, handler):
+    async def authenticate(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
         """As vLLM: with VLLM_API_KEY set, /v1 routes need `Authorization: Bearer <key>`."""
         key = os.environ.get("VLLM_API_KEY")
         if key and request.path.startswith("/v1") and \

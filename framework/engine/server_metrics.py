@@ -167,7 +167,7 @@ class MetricsSampler:
             sample = Sample(t_s=t_s, values=parse_metrics(self._fetch(self.url, self.timeout_s)))
             with self._lock:
                 self.result.samples.append(sample)
-        except Exception as exc:  # a failed scrape is data: counted, never raised
+        except Exception as exc:  # noqa: BLE001 - a failed scrape is data: counted, never raised
             with self._lock:
                 self.result.errors += 1
                 self.result.last_error = f"{type(exc).__name__}: {exc}"

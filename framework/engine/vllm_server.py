@@ -15,9 +15,13 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from framework.base.errors import TrialError
 from framework.engine.control import serve_from_env
+
+if TYPE_CHECKING:
+    from vllm.engine.protocol import EngineClient
 
 # Exception types vLLM raises while validating its configuration (before any engine process
 # starts): a failure of one of these means the arguments were rejected.
@@ -67,7 +71,7 @@ def serve(argv: Sequence[str]) -> None:
     engine: dict = {}
     build_and_serve = entry.build_and_serve
 
-    async def capture(engine_client, *rest, **kwargs):
+    async def capture(engine_client: EngineClient, *rest, **kwargs):
         engine.update(client=engine_client, loop=asyncio.get_running_loop())
         return await build_and_serve(engine_client, *rest, **kwargs)
 

@@ -173,7 +173,7 @@ class Connection(asyncio.Protocol):
             return
         try:
             reader.feed(data)
-        except Exception as exc:  # includes the body consumer's errors (bad JSON)
+        except Exception as exc:  # noqa: BLE001 - raised to the caller, the body consumer's too (bad JSON)
             self._finish(exc)
             return
         if reader.done:

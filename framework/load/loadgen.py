@@ -245,7 +245,7 @@ async def stream_one(
             reuse = reader.keep_alive and not error
     except TimeoutError:
         error = f"timeout after {timeout_s} s"
-    except Exception as exc:  # any failure of one request is data, not a crash of the run
+    except Exception as exc:  # noqa: BLE001 - any failure of one request is data, not a crash of the run
         error = f"{type(exc).__name__}: {exc}"
     finally:
         if conn is not None:

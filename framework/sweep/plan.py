@@ -19,7 +19,7 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -101,7 +101,7 @@ class FeasibleShare:
 
 
 def feasible_share(configs: Sequence[Mapping[str, Scalar]], exhaustive: bool,
-                   check) -> FeasibleShare | None:
+                   check: Callable[[Mapping[str, Scalar]], Feasibility | None]) -> FeasibleShare | None:
     """Apply `check(config) -> Feasibility | None` to each; None when no model applies."""
     reasons: Counter[str] = Counter()
     feasible = checked = 0

@@ -214,7 +214,8 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
         done = 0
         label = f"under load (run {index + 1}/{len(sets)})" if len(sets) > 1 else "under load"
 
-        def progress(_: RequestRecord) -> None:
+        def progress(_: RequestRecord, requests: Sequence[RequestSpec] = requests,
+                     label: str = label) -> None:
             nonlocal done
             done += 1
             if done % max(1, len(requests) // 4) == 0:

@@ -226,8 +226,8 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
     logs = [(short_tmp / "head.out").open("w"), (short_tmp / "worker.out").open("w")]
 
     def alive() -> tuple[bool, str]:
-        code = ("import ray; ray.init(address=%r, logging_level='ERROR'); "
-                "print('ALIVE', sum(1 for n in ray.nodes() if n['Alive']))" % gcs)
+        code = (f"import ray; ray.init(address={gcs!r}, logging_level='ERROR'); "
+                "print('ALIVE', sum(1 for n in ray.nodes() if n['Alive']))")
         try:
             out = subprocess.run([sys.executable, "-c", code], env=with_token,
                                  capture_output=True, text=True, timeout=60)

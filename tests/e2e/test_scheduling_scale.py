@@ -133,7 +133,7 @@ def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
         until_measured += [(placed_at, row["started_at"].timestamp() + row["trial_s"])] * world
     for device, spans in intervals.items():
         spans.sort()
-        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+        for (_s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
             assert s1 >= e0, f"device {device} given to trial {n1} while trial {n0} held it"
     queued = [(r["started_at"].timestamp(), r["started_at"].timestamp() + r["placement_wait_s"])
               for _, r in placed.iterrows() if r["placement_wait_s"] and r["placement_wait_s"] > 0.5]

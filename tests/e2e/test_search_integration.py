@@ -66,7 +66,8 @@ def test_infeasible_configurations_never_launch_and_the_rest_form_a_pareto_front
         assert len(row["placement"]) == 0 and len(row["vllm_argv"]) == 0  # never launched
     assert "weights need 131" in trials.loc[1, "fail_detail"]  # GiB per GPU at TP 1
     assert "131072-token sequence needs" in trials.loc[2, "fail_detail"]
-    assert trials.loc[1, "est_weights_gib_per_gpu"] == pytest.approx(2 * trials.loc[2, "est_weights_gib_per_gpu"])
+    assert trials.loc[1, "est_weights_gib_per_gpu"] == pytest.approx(
+        2 * trials.loc[2, "est_weights_gib_per_gpu"])
     for tp in (4, 8):
         row = trials.loc[tp]
         assert row["state"] == "COMPLETE", row["fail_detail"]

@@ -60,7 +60,7 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
             f"FROM read_parquet('{short_tmp}/results/e2e/requests/**/*.parquet', hive_partitioning=true) "
             "GROUP BY trial_number ORDER BY trial_number").fetchall()
         assert [r[0] for r in requests] == [0, 1]
-        for (number, n, out, inp), (_, row) in zip(requests, trials.iterrows()):
+        for (_number, n, out, inp), (_, row) in zip(requests, trials.iterrows()):
             assert n == 40
             assert out == row["total_output_tokens"] and inp == row["total_input_tokens"]
 

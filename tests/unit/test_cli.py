@@ -28,7 +28,8 @@ def test_validate_accepts_the_quickstart(tiny_model):
 
 
 @pytest.mark.parametrize("text, key", [
-    ("name: x\nmodel: models/tiny-llama\nsearch_space: search_spaces/tiny_cpu.yaml\nworkload: {num_prompts: -3}\n",
+    ("name: x\nmodel: models/tiny-llama\nsearch_space: search_spaces/tiny_cpu.yaml\n"
+     "workload: {num_prompts: -3}\n",
      "workload.num_prompts"),
     ("name: x\nmodel: models/tiny-llama\nsearch_space: nowhere.yaml\n", "search_space"),
     ("name: x\nmodel: /no/such/model\nsearch_space: search_spaces/tiny_cpu.yaml\n", "model"),

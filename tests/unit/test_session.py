@@ -100,9 +100,9 @@ def test_a_live_driver_in_the_same_process_refuses_a_second_and_keeps_its_lock(t
             with DriverSession(state_file):
                 pass
         other = subprocess.run(  # the refused entry left this process's lock in place
-            [sys.executable, "-c", "import sys; from pathlib import Path; from framework.cluster.driver_session "
-             "import DriverSession; DriverSession(Path(sys.argv[1]), lock_wait_s=0.2)"
-             ".__enter__()", str(state_file)],
+            [sys.executable, "-c", "import sys; from pathlib import Path; "
+             "from framework.cluster.driver_session import DriverSession; "
+             "DriverSession(Path(sys.argv[1]), lock_wait_s=0.2).__enter__()", str(state_file)],
             cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
         assert other.returncode == 1
         assert f"ClusterError: {tmp_path.name}: another driver (pid {os.getpid()})" in other.stderr
