@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from record import ROOT, append_section
+from record import ROOT
+from record import append_section
 
 SPACE = {"parameters": {
     "num-gpu-blocks-override": {"type": "categorical", "choices": [4, 8, 16, 32, 64, 128, 256, 512]},

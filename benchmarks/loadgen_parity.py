@@ -41,14 +41,19 @@ import sys
 import tempfile
 import time
 import urllib.request
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 try:
-    from record import ROOT, append_section, uptime
+    from record import ROOT
+    from record import append_section
+    from record import uptime
 except ModuleNotFoundError:  # imported as benchmarks.loadgen_parity (tests/{unit,e2e}/test_bench.py)
-    from benchmarks.record import ROOT, append_section, uptime
+    from benchmarks.record import ROOT
+    from benchmarks.record import append_section
+    from benchmarks.record import uptime
 from framework.cluster.ports import pick_port
 
 BIN = Path(sys.executable).parent

@@ -4,7 +4,8 @@ docs/BENCHMARKS.md (append-only: each section names its command, its date and th
 from __future__ import annotations
 
 import subprocess
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

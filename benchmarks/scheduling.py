@@ -24,9 +24,12 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 
-from record import ROOT, append_section, uptime
+from record import ROOT
+from record import append_section
+from record import uptime
 
 TEST = "tests/e2e/test_scheduling_scale.py::test_forty_mixed_trials_on_32_fake_gpus"
 PATTERNS = {

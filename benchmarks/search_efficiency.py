@@ -44,13 +44,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import yaml
-from record import ROOT, append_section, uptime
+from record import ROOT
+from record import append_section
+from record import uptime
 
 from framework.cluster.ports import pick_port
 
@@ -120,7 +123,8 @@ def run_sweep(args: argparse.Namespace, name: str, sampler: str, seed: int, n: i
 def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Phase 3: `vllm bench sweep serve` over the grid; its wall time, runs and pick."""
     sys.path.insert(0, str(ROOT))
-    from framework.config.search_space import grid_values, load_search_space
+    from framework.config.search_space import grid_values
+    from framework.config.search_space import load_search_space
     from framework.config.specs import SweepSpec
     from framework.sweep.loader import server_env
 

@@ -19,11 +19,14 @@ import argparse
 import os
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 
-from loadgen_parity import MODEL, VllmServer
-from record import append_section, uptime
+from loadgen_parity import MODEL
+from loadgen_parity import VllmServer
+from record import append_section
+from record import uptime
 
 STARTS = [  # (label, extra args, eager)
     ("A, first start (empty cache)", ("--max-num-seqs", "64"), False),

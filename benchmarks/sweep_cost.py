@@ -30,23 +30,22 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from record import append_section
-from search_efficiency import (
-    SLA,
-    fmt,
-    ground_truth,
-    label,
-    med,
-    median_inf,
-    run_sweep,
-    score,
-    uptime,
-)
+from search_efficiency import SLA
+from search_efficiency import fmt
+from search_efficiency import ground_truth
+from search_efficiency import label
+from search_efficiency import med
+from search_efficiency import median_inf
+from search_efficiency import run_sweep
+from search_efficiency import score
+from search_efficiency import uptime
 
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "on": {"search": {"stop_early": True, "learn_from_failures": True, "screen": 0.25},

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from record import append_section, uptime
+from record import append_section
+from record import uptime
 
 
 def overhead_table(trials: pd.DataFrame) -> pd.DataFrame:

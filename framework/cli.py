@@ -14,10 +14,12 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from framework import __version__
-from framework.base.errors import ClusterError, ConfigError
+from framework.base.errors import ClusterError
+from framework.base.errors import ConfigError
 
 if TYPE_CHECKING:
     from framework.base.vocabulary import Scalar
@@ -33,7 +35,8 @@ def _sigterm_as_interrupt(*_: object) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from framework.cluster import RayLauncher, RaySession
+    from framework.cluster import RayLauncher
+    from framework.cluster import RaySession
     from framework.cluster.driver_session import DriverSession
     from framework.sweep import loader as sweep_mod
     from framework.sweep.runner import Runner
@@ -79,7 +82,8 @@ def _stored(args: argparse.Namespace):
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from framework.results.status import live_driver, sweep_status
+    from framework.results.status import live_driver
+    from framework.results.status import sweep_status
 
     sw, trials = _stored(args)
     spec = sw.spec
@@ -199,7 +203,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from framework.cluster import RayLauncher, RaySession
+    from framework.cluster import RayLauncher
+    from framework.cluster import RaySession
     from framework.cluster.driver_session import SESSION_VAR
     from framework.cluster.node_probe import probe_all_nodes
     from framework.sweep import doctor
@@ -237,7 +242,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_build_model(args: argparse.Namespace) -> int:
-    from framework.tools.tiny_model import build_tiny_llama, is_built
+    from framework.tools.tiny_model import build_tiny_llama
+    from framework.tools.tiny_model import is_built
 
     out = Path(args.out)
     if is_built(out) and not args.force:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from collections import defaultdict
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
 from pathlib import Path
 
 import duckdb
@@ -26,7 +30,9 @@ import yaml
 
 from framework.cluster.ports import pick_port
 from framework.config.search_space import load_search_space
-from framework.results.rows import TrialContext, trial_columns, trial_row
+from framework.results.rows import TrialContext
+from framework.results.rows import trial_columns
+from framework.results.rows import trial_row
 from framework.results.store import ResultStore
 from framework.trial.objective import Verdict
 from framework.trial.run import TrialOutcome
@@ -319,3 +325,36 @@ def write_fake_sweep(folder: Path, model: Path, address: str | None) -> Path:
         "results_dir": str(folder / "results"),
     }))
     return sweep
+
+
+def ray_head_argv(ray: str, node_ip: str, ports: list[int], temp_dir: Path, num_cpus: int) -> list[str]:
+    """`ray start --head --block` on a loopback `node_ip` (never 127.0.0.1, which `ray start`
+    swaps for the machine's address) with every port given: `ports` = gcs, dashboard,
+    dashboard agent, ray client; the dashboard listens on 127.0.0.1."""
+    gcs_port, dash_port, agent_port, client_port = ports
+    return [ray, "start", "--head", "--block", "--disable-usage-stats",
+            "--node-ip-address", node_ip, "--port", str(gcs_port),
+            "--temp-dir", str(temp_dir), "--num-cpus", str(num_cpus),
+            "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+            "--dashboard-port", str(dash_port),
+            "--dashboard-agent-listen-port", str(agent_port),
+            "--ray-client-server-port", str(client_port)]
+
+
+def start_driver(sweep: Path, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`vllm-sweep run SWEEP` as a child in its own session (stdout and stderr on one text
+    pipe), to be killed by its process group."""
+    return subprocess.Popen([*CLI, "run", str(sweep)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def occupancy_events(path: Path) -> tuple[dict[str, float], dict[int, list[dict]]]:
+    """FakeEngine's occupancy log: when each group was released (group id -> wall time), and
+    each trial's device events (trial number from the event's tag, the trial's log path)."""
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    released = {e["group"]: e["t"] for e in events if e.get("released")}
+    by_trial: dict[int, list[dict]] = defaultdict(list)
+    for e in events:
+        if not e.get("released"):
+            by_trial[int(Path(e["tag"]).stem.split("-")[1])].append(e)
+    return released, by_trial

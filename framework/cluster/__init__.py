@@ -9,10 +9,15 @@ release of a trial's devices. The only package importing ray.
 - `actors`: `ServerActor` (devices held as vLLM uses them) and FakeEngine's `FakeWorker`.
 """
 
-from framework.cluster.actors import OCCUPANCY_LOG_ENV, FakeWorker, ServerActor
-from framework.cluster.launcher import RayLauncher, node_resources
+from framework.cluster.actors import OCCUPANCY_LOG_ENV
+from framework.cluster.actors import FakeWorker
+from framework.cluster.actors import ServerActor
+from framework.cluster.launcher import RayLauncher
+from framework.cluster.launcher import node_resources
 from framework.cluster.ray_session import RaySession
-from framework.cluster.server import NODE_DEATH_DETECTION_S, RayServer, group_processes
+from framework.cluster.server import NODE_DEATH_DETECTION_S
+from framework.cluster.server import RayServer
+from framework.cluster.server import group_processes
 
 __all__ = ["NODE_DEATH_DETECTION_S", "OCCUPANCY_LOG_ENV", "FakeWorker", "RayLauncher",
            "RayServer", "RaySession", "ServerActor", "group_processes", "node_resources"]

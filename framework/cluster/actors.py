@@ -31,7 +31,8 @@ from framework.cluster.placement import ranks_by_node
 from framework.cluster.ports import pick_port
 from framework.engine import fake_engine
 from framework.engine import vllm_server as engine
-from framework.engine.control import SOCKET_VAR, socket_path
+from framework.engine.control import SOCKET_VAR
+from framework.engine.control import socket_path
 
 # FakeEngine only: a JSON-lines file where each process holding a trial's devices logs what it
 # sees, and the launcher logs when the trial's group is released (scheduling and device tests

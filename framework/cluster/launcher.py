@@ -12,22 +12,26 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import (
-    PlacementGroup,
-    placement_group,
-    placement_group_table,
-    remove_placement_group,
-)
+from ray.util.placement_group import PlacementGroup
+from ray.util.placement_group import placement_group
+from ray.util.placement_group import placement_group_table
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from framework.base.errors import TrialError
-from framework.cluster.actors import CACHE_DIR_VAR, OCCUPANCY_LOG_ENV, ServerActor
+from framework.cluster.actors import CACHE_DIR_VAR
+from framework.cluster.actors import OCCUPANCY_LOG_ENV
+from framework.cluster.actors import ServerActor
 from framework.cluster.driver_session import SESSION_VAR
-from framework.cluster.placement import Bundle, Layout, layout
+from framework.cluster.placement import Bundle
+from framework.cluster.placement import Layout
+from framework.cluster.placement import layout
 from framework.cluster.ports import claim_port
 from framework.cluster.server import RayServer
 from framework.cluster.vllm_plugin import ENV_FLAG

@@ -21,8 +21,15 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from framework.cluster.node_report import MIN_FREE_PORTS, MISSING, Gpu, NodeReport, parse_nvidia_smi, writable
-from framework.cluster.ports import SERVER_PORTS, ephemeral_range, pick_port
+from framework.cluster.node_report import MIN_FREE_PORTS
+from framework.cluster.node_report import MISSING
+from framework.cluster.node_report import Gpu
+from framework.cluster.node_report import NodeReport
+from framework.cluster.node_report import parse_nvidia_smi
+from framework.cluster.node_report import writable
+from framework.cluster.ports import SERVER_PORTS
+from framework.cluster.ports import ephemeral_range
+from framework.cluster.ports import pick_port
 
 PROBE_TIMEOUT_S = 180.0
 

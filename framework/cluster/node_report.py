@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 MIN_FREE_PORTS = 4  # server ports that must bind on each node

@@ -16,7 +16,8 @@ Bundle 0 also holds the server actor (the API server and engine core), hence its
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from framework.base.vocabulary import Scalar

@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 import socket
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
+from collections.abc import Collection
 from pathlib import Path
 
 from framework.base.errors import TrialError

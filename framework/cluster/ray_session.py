@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import ray
 
 from framework.base.errors import ClusterError
-from framework.cluster.driver_session import SESSION_VAR, reap_session
+from framework.cluster.driver_session import SESSION_VAR
+from framework.cluster.driver_session import reap_session
+
+# A private local Ray's node address: loopback, so nothing it starts listens on the machine's
+# own address. Not 127.0.0.1, which Ray replaces with the machine's address
+# (ray/_private/services.py, resolve_ip_for_localhost).
+LOCAL_NODE_IP = "127.0.0.100"
 
 
 @dataclass
@@ -18,7 +24,7 @@ class RaySession:
     """Connects to Ray for the sweep: joins `address` (or RAY_ADDRESS) if given, else starts a
     private local Ray in its own temp dir and stops it on close.
 
-    Authentication: a private local Ray listens on loopback only and runs with
+    Authentication: a private local Ray listens on loopback (LOCAL_NODE_IP) only and runs with
     RAY_AUTH_MODE=disabled unless the caller set a mode. A joined cluster gets the caller's
     environment untouched, so Ray's token authentication (RAY_AUTH_MODE=token with the token
     in RAY_AUTH_TOKEN or ~/.ray/auth_token) works as Ray documents it."""
@@ -38,7 +44,7 @@ class RaySession:
             self._temp_dir = tempfile.mkdtemp(prefix="vsweep-ray-")
             try:
                 ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count(),
-                         num_gpus=self.num_gpus, _node_ip_address="127.0.0.1",
+                         num_gpus=self.num_gpus, _node_ip_address=LOCAL_NODE_IP,
                          include_dashboard=False, _temp_dir=self._temp_dir, log_to_driver=False,
                          logging_level="WARNING")
             except Exception as exc:  # noqa: BLE001 - any failure to start Ray is the cluster error

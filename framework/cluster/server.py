@@ -15,12 +15,14 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 import ray
 from ray.core.generated import gcs_pb2
-from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.placement_group import PlacementGroup
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from framework.base.errors import TrialError

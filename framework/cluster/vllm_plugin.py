@@ -22,7 +22,8 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 

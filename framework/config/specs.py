@@ -10,26 +10,24 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import field_validator
+from pydantic import model_validator
 
-from framework.base.vocabulary import (  # noqa: F401 - Scalar and the metric words, re-exported
-    ERROR_RATE,
-    LATENCY_METRICS,
-    THROUGHPUT_METRICS,
-    Scalar,
-    is_latency_metric,
-    parse_latency_key,
-    percentile_key,
-)
-from framework.config.yaml_io import SecretInSweep, load_validated
+from framework.base.vocabulary import ERROR_RATE  # noqa: F401 - Scalar and the metric words, re-exported
+from framework.base.vocabulary import LATENCY_METRICS
+from framework.base.vocabulary import THROUGHPUT_METRICS
+from framework.base.vocabulary import Scalar
+from framework.base.vocabulary import is_latency_metric
+from framework.base.vocabulary import parse_latency_key
+from framework.base.vocabulary import percentile_key
+from framework.config.yaml_io import SecretInSweep
+from framework.config.yaml_io import load_validated
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -19,7 +19,8 @@ import os
 import socket
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 
 SOCKET_VAR = "VLLM_SWEEP_CONTROL_SOCKET"

@@ -28,7 +28,9 @@ import io
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 
 from framework.base.errors import TrialError
 from framework.engine.control import serve_from_env

@@ -16,33 +16,32 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
-from framework.engine.memory_model import (
-    BLOCK_SIZE,
-    CUDA_CONTEXT_BYTES,
-    DTYPE_BYTES,
-    GIB,
-    GPUS,
-    KV_BYTES,
-    QUANT_BYTES,
-    GpuBudget,
-    GpuSpec,
-    ModelFacts,
-    batch_defaults,
-    blocks_for,
-    cudagraph_capture_sizes,
-    cudagraph_counts,
-    gpu_budget,
-    kv_budget_bytes,
-    kv_bytes_per_token,
-    kv_capacity_tokens,
-    param_count,
-    read_model_facts,
-    requested_bytes,
-    value_dtype,
-    weight_bytes_per_gpu,
-)
+from framework.engine.memory_model import BLOCK_SIZE
+from framework.engine.memory_model import CUDA_CONTEXT_BYTES
+from framework.engine.memory_model import DTYPE_BYTES
+from framework.engine.memory_model import GIB
+from framework.engine.memory_model import GPUS
+from framework.engine.memory_model import KV_BYTES
+from framework.engine.memory_model import QUANT_BYTES
+from framework.engine.memory_model import GpuBudget
+from framework.engine.memory_model import GpuSpec
+from framework.engine.memory_model import ModelFacts
+from framework.engine.memory_model import batch_defaults
+from framework.engine.memory_model import blocks_for
+from framework.engine.memory_model import cudagraph_capture_sizes
+from framework.engine.memory_model import cudagraph_counts
+from framework.engine.memory_model import gpu_budget
+from framework.engine.memory_model import kv_budget_bytes
+from framework.engine.memory_model import kv_bytes_per_token
+from framework.engine.memory_model import kv_capacity_tokens
+from framework.engine.memory_model import param_count
+from framework.engine.memory_model import read_model_facts
+from framework.engine.memory_model import requested_bytes
+from framework.engine.memory_model import value_dtype
+from framework.engine.memory_model import weight_bytes_per_gpu
 
 __all__ = ["DEFAULT_GPU_MEMORY_UTILIZATION", "GIB", "GPUS", "Feasibility", "GpuSpec",
            "ModelFacts", "batch_defaults", "check", "check_cpu", "kv_budget_bytes",

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework.base.errors import ConfigError
-from framework.engine.model_info import ModelInfo, read_model_info
+from framework.engine.model_info import ModelInfo
+from framework.engine.model_info import read_model_info
 
 GIB = 2**30
 MIB = 2**20

@@ -39,7 +39,8 @@ def redirect_output(log_path: Path) -> None:
 
 def parse_server_args(argv: Sequence[str]):
     """Parse with the installed vLLM's own parser; a rejection is TrialError(invalid_args)."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))

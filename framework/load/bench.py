@@ -25,16 +25,19 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from framework.base.errors import ConfigError
 
 if TYPE_CHECKING:
     from framework.load.loadgen import LoadResult
-    from framework.load.workload import Dataset, RequestSpec
+    from framework.load.workload import Dataset
+    from framework.load.workload import RequestSpec
 
 WHERE = "vllm-sweep bench"
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"
@@ -304,9 +307,11 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from framework import __version__
-    from framework.load.loadgen import run_load, wait_ready
+    from framework.load.loadgen import run_load
+    from framework.load.loadgen import wait_ready
     from framework.load.metrics import compute_metrics
-    from framework.load.workload import arrival_offsets, load_tokenizer
+    from framework.load.workload import arrival_offsets
+    from framework.load.workload import load_tokenizer
 
     endpoint = resolve_endpoint(args.endpoint, args.backend)
     backend = BACKEND_OF[endpoint]

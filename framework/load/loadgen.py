@@ -17,11 +17,15 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
-from framework.load.http_client import Connection, ConnectionPool, get
+from framework.load.http_client import Connection
+from framework.load.http_client import ConnectionPool
+from framework.load.http_client import get
 from framework.load.workload import RequestSpec
 
 Clock = Callable[[], float]

@@ -6,21 +6,20 @@ Matches ``vllm.benchmarks.serve.calculate_metrics`` and the result dict of
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from framework.base.vocabulary import (  # noqa: F401 - re-exported: the load's metric names
-    COUNT_METRICS,
-    DEFAULT_PERCENTILES,
-    LATENCY_METRICS,
-    PEAK_METRICS,
-    SLO_METRICS,
-    SUMMARY_KEYS,
-    metric_names,
-    percentile_key,
-)
+from framework.base.vocabulary import COUNT_METRICS  # noqa: F401 - re-exported: the load's metric names
+from framework.base.vocabulary import DEFAULT_PERCENTILES
+from framework.base.vocabulary import LATENCY_METRICS
+from framework.base.vocabulary import PEAK_METRICS  # noqa: F401 - re-exported: the load's metric names
+from framework.base.vocabulary import SLO_METRICS
+from framework.base.vocabulary import SUMMARY_KEYS  # noqa: F401 - re-exported: the load's metric names
+from framework.base.vocabulary import metric_names  # noqa: F401 - re-exported: the load's metric names
+from framework.base.vocabulary import percentile_key
 
 if TYPE_CHECKING:
     from framework.load.loadgen import RequestRecord

@@ -12,23 +12,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+from typing import Literal
 
 import numpy as np
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-from framework.load.prompts import (  # noqa: F401 - RequestSpec and load_tokenizer re-exported
-    RequestSpec,
-    allowed_token_ids,
-    fit_after_prefix,
-    fit_prompt_to_length,
-    load_tokenizer,
-    num_special_tokens_to_add,
-    uniform_length_bounds,
-)
-from framework.load.sharegpt import read_sharegpt, sharegpt_requests
+from framework.load.prompts import RequestSpec
+from framework.load.prompts import allowed_token_ids
+from framework.load.prompts import fit_after_prefix
+from framework.load.prompts import fit_prompt_to_length
+from framework.load.prompts import load_tokenizer  # noqa: F401 - RequestSpec and load_tokenizer re-exported
+from framework.load.prompts import num_special_tokens_to_add
+from framework.load.prompts import uniform_length_bounds
+from framework.load.sharegpt import read_sharegpt
+from framework.load.sharegpt import sharegpt_requests
 
 
 def random_requests(

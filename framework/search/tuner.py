@@ -10,30 +10,28 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import FloatDistribution
+from optuna.distributions import IntDistribution
 from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileOpenLock
 from optuna.trial import TrialState
 
 from framework.base.vocabulary import Scalar
-from framework.config.search_space import (
-    BoolParam,
-    CategoricalParam,
-    FloatParam,
-    IntParam,
-    SearchSpace,
-    grid_values,
-)
+from framework.config.search_space import BoolParam
+from framework.config.search_space import CategoricalParam
+from framework.config.search_space import FloatParam
+from framework.config.search_space import IntParam
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import grid_values
 
 BASELINE_ATTR = "baseline"
 FAIL_REASON_ATTR = "fail_reason"

@@ -16,27 +16,37 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
 
-from framework.cluster.node_report import (
-    MIN_FREE_PORTS,
-    MISSING,
-    VERSION_KEYS,
-    Gpu,
-    NodeReport,
-    writable,
-)
-from framework.cluster.placement import Bundle, Shape, bundles, fits, why_unplaceable
+from framework.cluster.node_report import MIN_FREE_PORTS
+from framework.cluster.node_report import MISSING
+from framework.cluster.node_report import VERSION_KEYS
+from framework.cluster.node_report import Gpu
+from framework.cluster.node_report import NodeReport
+from framework.cluster.node_report import writable
+from framework.cluster.placement import Bundle
+from framework.cluster.placement import Shape
+from framework.cluster.placement import bundles
+from framework.cluster.placement import fits
+from framework.cluster.placement import why_unplaceable
 from framework.cluster.ports import SERVER_PORTS
-from framework.engine.server_args import server_argv, trial_flags
-from framework.sweep.loader import Sweep, cache_dir, feasibility, load_plan
+from framework.engine.server_args import server_argv
+from framework.engine.server_args import trial_flags
+from framework.sweep.loader import Sweep
+from framework.sweep.loader import cache_dir
+from framework.sweep.loader import feasibility
+from framework.sweep.loader import load_plan
 from framework.trial.measure import LoadPlan
-from framework.trial.run import ServerLauncher, TrialOutcome, run_trial
+from framework.trial.run import ServerLauncher
+from framework.trial.run import TrialOutcome
+from framework.trial.run import run_trial
 
 OK, FAIL, SKIPPED = "ok", "FAIL", "skipped"
 DOCTOR_REQUESTS = 20  # measured requests per server, no warm-up

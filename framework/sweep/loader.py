@@ -5,26 +5,36 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
-from framework.config.search_space import (
-    CategoricalParam,
-    IntParam,
-    SearchSpace,
-    grid_values,
-    load_search_space,
-)
-from framework.config.specs import SweepSpec, WorkloadSpec, load_sweep
-from framework.engine.feasibility import GPUS, Feasibility, ModelFacts, check, check_cpu, read_model_facts
-from framework.engine.flag_check import installed_vllm_flags, unknown_flag
+from framework.config.search_space import CategoricalParam
+from framework.config.search_space import IntParam
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import grid_values
+from framework.config.search_space import load_search_space
+from framework.config.specs import SweepSpec
+from framework.config.specs import WorkloadSpec
+from framework.config.specs import load_sweep
+from framework.engine.feasibility import GPUS
+from framework.engine.feasibility import Feasibility
+from framework.engine.feasibility import ModelFacts
+from framework.engine.feasibility import check
+from framework.engine.feasibility import check_cpu
+from framework.engine.feasibility import read_model_facts
+from framework.engine.flag_check import installed_vllm_flags
+from framework.engine.flag_check import unknown_flag
 from framework.engine.model_info import read_model_info
-from framework.load.workload import Dataset, arrival_offsets, load_tokenizer
+from framework.load.workload import Dataset
+from framework.load.workload import arrival_offsets
+from framework.load.workload import load_tokenizer
 from framework.results.store import ResultStore
 from framework.trial.capacity import CapacitySettings
-from framework.trial.measure import CapacityPlan, LoadPlan
+from framework.trial.measure import CapacityPlan
+from framework.trial.measure import LoadPlan
 from framework.trial.objective import goodput_slo_ms
 
 

@@ -19,7 +19,10 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,13 +31,11 @@ from framework.engine.feasibility import Feasibility
 if TYPE_CHECKING:
     from framework.results.queries import PhaseMeans
 from framework.base.vocabulary import Scalar
-from framework.config.search_space import (
-    SIBLING_VALUES,
-    FloatParam,
-    IntParam,
-    SearchSpace,
-    discrete_values,
-)
+from framework.config.search_space import SIBLING_VALUES
+from framework.config.search_space import FloatParam
+from framework.config.search_space import IntParam
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import discrete_values
 
 ENUMERATE_LIMIT = 20_000
 SAMPLE_SIZE = 2_000

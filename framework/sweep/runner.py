@@ -24,9 +24,15 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import threading
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -35,24 +41,33 @@ from rich.console import Console
 from framework.cluster.placement import ask_another
 from framework.config.search_space import grid_size
 from framework.engine.feasibility import Feasibility
-from framework.results.console import Progress, print_summary
+from framework.results.console import Progress
+from framework.results.console import print_summary
 from framework.results.provenance import provenance
-from framework.results.rows import (
-    REQUEST_COLUMNS,
-    TrialContext,
-    param_column,
-    plain,
-    request_rows,
-    trial_columns,
-    trial_row,
-)
-from framework.search.tuner import Evaluation, Proposal, Tuner
-from framework.sweep.loader import Sweep, load_plan
+from framework.results.rows import REQUEST_COLUMNS
+from framework.results.rows import TrialContext
+from framework.results.rows import param_column
+from framework.results.rows import plain
+from framework.results.rows import request_rows
+from framework.results.rows import trial_columns
+from framework.results.rows import trial_row
+from framework.search.tuner import Evaluation
+from framework.search.tuner import Proposal
+from framework.search.tuner import Tuner
+from framework.sweep.loader import Sweep
+from framework.sweep.loader import load_plan
 from framework.sweep.server_pool import ServerPool
-from framework.sweep.trial_plan import Running, TrialPlan, plan_trial, rejection
+from framework.sweep.trial_plan import Running
+from framework.sweep.trial_plan import TrialPlan
+from framework.sweep.trial_plan import plan_trial
+from framework.sweep.trial_plan import rejection
 from framework.trial.measure import LoadPlan
-from framework.trial.objective import evaluate_repeated, per_device
-from framework.trial.run import Reused, ServerLauncher, TrialOutcome, run_trial
+from framework.trial.objective import evaluate_repeated
+from framework.trial.objective import per_device
+from framework.trial.run import Reused
+from framework.trial.run import ServerLauncher
+from framework.trial.run import TrialOutcome
+from framework.trial.run import run_trial
 
 
 class ClusterLauncher(ServerLauncher, Protocol):

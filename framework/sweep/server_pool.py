@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from framework.trial.run import Reused, ServerHandle
+from framework.trial.run import Reused
+from framework.trial.run import ServerHandle
 
 STOP_TIMEOUT_S = 180.0  # how long `join` and `stops_running` wait for one stop's result
 

@@ -4,17 +4,29 @@ outcome is recorded (`Running`). Pure but for `rejection`'s feasibility model.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 
 from framework.base.vocabulary import Scalar
-from framework.cluster.placement import Bundle, Shape, bundles, fits, node_unit, shape_of, why_unplaceable
+from framework.cluster.placement import Bundle
+from framework.cluster.placement import Shape
+from framework.cluster.placement import bundles
+from framework.cluster.placement import fits
+from framework.cluster.placement import node_unit
+from framework.cluster.placement import shape_of
+from framework.cluster.placement import why_unplaceable
 from framework.engine.feasibility import Feasibility
-from framework.engine.server_args import serve_command, server_argv, trial_flags
+from framework.engine.server_args import serve_command
+from framework.engine.server_args import server_argv
+from framework.engine.server_args import trial_flags
 from framework.search.tuner import Proposal
-from framework.sweep.loader import Sweep, feasibility, with_run_settings
+from framework.sweep.loader import Sweep
+from framework.sweep.loader import feasibility
+from framework.sweep.loader import with_run_settings
 from framework.trial.measure import LoadPlan
 from framework.trial.run import TrialOutcome
 

@@ -46,7 +46,11 @@ def _training_text(limit_bytes: int = 4_000_000) -> list[str]:
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
+    from tokenizers import trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -65,7 +69,8 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> None:
 def build_tiny_llama(out_dir: Path, seed: int = 0, shape: TinyLlamaShape = TinyLlamaShape()) -> Path:
     """Write config.json, safetensors weights and tokenizer files into `out_dir`; returns it."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out_dir, shape.vocab_size)

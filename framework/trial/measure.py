@@ -13,15 +13,26 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 
 from framework.base.errors import TrialError
-from framework.load.loadgen import LoadResult, RequestRecord, run_load
+from framework.load.loadgen import LoadResult
+from framework.load.loadgen import RequestRecord
+from framework.load.loadgen import run_load
 from framework.load.metrics import compute_metrics
-from framework.load.workload import RequestSpec, arrival_offsets
-from framework.trial.capacity import CapacitySettings, capacity, next_rate, requests_for
-from framework.trial.objective import evaluate, surely_broken
+from framework.load.workload import RequestSpec
+from framework.load.workload import arrival_offsets
+from framework.trial.capacity import CapacitySettings
+from framework.trial.capacity import capacity
+from framework.trial.capacity import next_rate
+from framework.trial.capacity import requests_for
+from framework.trial.objective import evaluate
+from framework.trial.objective import surely_broken
 
 Phase = Callable[[str], None]
 

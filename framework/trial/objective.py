@@ -7,13 +7,18 @@ metrics are comparable; `error_rate` uses `value - limit` (it is already a fract
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from framework.base.vocabulary import COUNT_METRICS, PEAK_METRICS, SLO_METRICS, parse_latency_key
-from framework.trial.stats import combine, mean_ci
+from framework.base.vocabulary import COUNT_METRICS
+from framework.base.vocabulary import PEAK_METRICS
+from framework.base.vocabulary import SLO_METRICS
+from framework.base.vocabulary import parse_latency_key
+from framework.trial.stats import combine
+from framework.trial.stats import mean_ci
 
 
 @dataclass(frozen=True)

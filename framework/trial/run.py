@@ -10,28 +10,33 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
 from framework.base.errors import TrialError
-from framework.base.vocabulary import COUNT_METRICS, PEAK_METRICS
-from framework.engine.server_metrics import MetricsSampler, summarize
-from framework.engine.vllm_server import log_tail, startup_failure
-from framework.load.loadgen import RequestRecord, wait_ready
-from framework.trial.measure import (
-    Deadline,
-    LoadPlan,
-    LoadStep,
-    Measurement,
-    Phase,
-    measure_capacity,
-    measure_fixed,
-    measure_screen,
-    run_once,
-)
+from framework.base.vocabulary import COUNT_METRICS
+from framework.base.vocabulary import PEAK_METRICS
+from framework.engine.server_metrics import MetricsSampler
+from framework.engine.server_metrics import summarize
+from framework.engine.vllm_server import log_tail
+from framework.engine.vllm_server import startup_failure
+from framework.load.loadgen import RequestRecord
+from framework.load.loadgen import wait_ready
+from framework.trial.measure import Deadline
+from framework.trial.measure import LoadPlan
+from framework.trial.measure import LoadStep
+from framework.trial.measure import Measurement
+from framework.trial.measure import Phase
+from framework.trial.measure import measure_capacity
+from framework.trial.measure import measure_fixed
+from framework.trial.measure import measure_screen
+from framework.trial.measure import run_once
 from framework.trial.stats import combine
 
 

@@ -8,7 +8,8 @@ coefficient of variation cv = s / m. With n = 1 the interval is [m, m] and cv is
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # t(0.975, df) for df = 1..30; beyond, the normal 1.96 is within 2%.

@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 
 from benchmarks.loadgen_parity import VllmServer
-from framework.engine.server_metrics import MetricsSampler, summarize
+from framework.engine.server_metrics import MetricsSampler
+from framework.engine.server_metrics import summarize
 from framework.load.loadgen import run_load
-from framework.load.workload import Dataset, load_tokenizer
-from tests.helpers import DETAIL_KEYS, ROOT, SAMPLE, VLLM_KEYS, bench_cli
+from framework.load.workload import Dataset
+from framework.load.workload import load_tokenizer
+from tests.helpers import DETAIL_KEYS
+from tests.helpers import ROOT
+from tests.helpers import SAMPLE
+from tests.helpers import VLLM_KEYS
+from tests.helpers import bench_cli
 
 
 @pytest.fixture(scope="module")

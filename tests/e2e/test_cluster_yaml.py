@@ -24,7 +24,13 @@ import pytest
 import yaml
 
 from framework.engine.feasibility import GPUS
-from tests.helpers import ROOT, cli_env, free_ports, new_marker, stop_group, wait_no_marked_processes
+from tests.helpers import ROOT
+from tests.helpers import cli_env
+from tests.helpers import free_ports
+from tests.helpers import new_marker
+from tests.helpers import ray_head_argv
+from tests.helpers import stop_group
+from tests.helpers import wait_no_marked_processes
 
 CLUSTER = ROOT / "cluster.yaml"
 VENV = Path(sys.executable).parent.parent
@@ -206,16 +212,11 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
     client["HOME"] = str(client_home)
     with_token = dict(client, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(laptop_copy))
     gcs_port, dash_port, agent_port, client_port, worker_agent_port = free_ports(5)
-    gcs, dashboard = f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}"
+    gcs, dashboard = f"127.0.0.12:{gcs_port}", f"http://127.0.0.1:{dash_port}"
     (short_tmp / "h").mkdir()
     (short_tmp / "w").mkdir()
-    head_argv = [RAY, "start", "--head", "--block", "--disable-usage-stats",
-                 "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
-                 "--temp-dir", str(short_tmp / "h"), "--num-cpus", "1",
-                 "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                 "--dashboard-port", str(dash_port),
-                 "--dashboard-agent-listen-port", str(agent_port),
-                 "--ray-client-server-port", str(client_port)]
+    head_argv = ray_head_argv(RAY, "127.0.0.12", [gcs_port, dash_port, agent_port, client_port],
+                              short_tmp / "h", 1)
     worker_argv = [RAY, "start", "--address", gcs, "--node-ip-address", "127.0.0.2",
                    "--temp-dir", str(short_tmp / "w"), "--num-cpus", "1",
                    "--dashboard-agent-listen-port", str(worker_agent_port)]

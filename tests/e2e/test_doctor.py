@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, emulated_cluster, joined_cli_env, run_cli, table_rows
+from tests.helpers import ROOT
+from tests.helpers import emulated_cluster
+from tests.helpers import joined_cli_env
+from tests.helpers import run_cli
+from tests.helpers import table_rows
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,11 @@ import pytest
 
 from framework.cluster.ports import pick_port
 from framework.engine import control
-from framework.engine.server_metrics import PREFIX_HITS, fetch_text, parse_metrics
-from framework.load.loadgen import run_load, wait_ready
+from framework.engine.server_metrics import PREFIX_HITS
+from framework.engine.server_metrics import fetch_text
+from framework.engine.server_metrics import parse_metrics
+from framework.load.loadgen import run_load
+from framework.load.loadgen import wait_ready
 from framework.load.workload import RequestSpec
 from framework.trial.run import reset_prefix_cache
 from tests.helpers import ENGINES

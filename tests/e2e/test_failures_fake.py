@@ -19,17 +19,15 @@ import duckdb
 import pytest
 import yaml
 
-from tests.helpers import (
-    CLI,
-    cli_env,
-    cli_process,
-    marked_processes,
-    new_marker,
-    read_trials,
-    read_until,
-    run_cli,
-    wait_no_marked_processes,
-)
+from tests.helpers import cli_env
+from tests.helpers import cli_process
+from tests.helpers import marked_processes
+from tests.helpers import new_marker
+from tests.helpers import read_trials
+from tests.helpers import read_until
+from tests.helpers import run_cli
+from tests.helpers import start_driver
+from tests.helpers import wait_no_marked_processes
 
 pytestmark = pytest.mark.server
 
@@ -160,11 +158,6 @@ def fake_grid_sweep(tmp: Path, model: Path, name: str, startup_s: float, **extra
         spec[key] = {**spec.get(key, {}), **value}
     sweep.write_text(yaml.safe_dump(spec))
     return sweep
-
-
-def start_driver(sweep: Path, tmp: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([*CLI, "run", str(sweep)], cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def end(proc: subprocess.Popen) -> None:

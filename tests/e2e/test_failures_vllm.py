@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import duckdb
@@ -18,18 +17,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.helpers import (
-    CLI,
-    cli_env,
-    cli_process,
-    marked_processes,
-    new_marker,
-    read_trials,
-    read_until,
-    run_cli,
-    wait_no_marked_processes,
-    write_sweep,
-)
+from tests.helpers import cli_env
+from tests.helpers import cli_process
+from tests.helpers import marked_processes
+from tests.helpers import new_marker
+from tests.helpers import read_trials
+from tests.helpers import read_until
+from tests.helpers import run_cli
+from tests.helpers import start_driver
+from tests.helpers import wait_no_marked_processes
+from tests.helpers import write_sweep
 
 pytestmark = pytest.mark.server
 
@@ -91,9 +88,7 @@ def test_kill_9_of_the_driver_then_resume(tiny_model, short_tmp):
     marker = new_marker()
     env = cli_env(marker, short_tmp)
     sweep = write_sweep(short_tmp, tiny_model, n_trials=3, name="resume")
-    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = start_driver(sweep, short_tmp, env)
     try:
         seen = read_until(proc, "trial 1: starting server", timeout_s=400)
         assert "trial 1: starting server" in seen, seen

@@ -26,7 +26,11 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import emulated_cluster, joined_cli_env, read_trials, run_cli
+from tests.helpers import emulated_cluster
+from tests.helpers import joined_cli_env
+from tests.helpers import occupancy_events
+from tests.helpers import read_trials
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.server
 
@@ -121,12 +125,7 @@ def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, f
     trials = read_trials(short_tmp / "results", "devices")
     placed = trials[trials["fail_reason"].isna()]
     assert len(placed) >= 8, trials[["trial_number", "state", "fail_reason", "fail_detail"]]
-    events = [json.loads(line) for line in occupancy.read_text().splitlines()]
-    released = {e["group"]: e["t"] for e in events if e.get("released")}
-    by_trial: dict[int, list[dict]] = defaultdict(list)
-    for e in events:
-        if not e.get("released"):
-            by_trial[int(Path(e["tag"]).stem.split("-")[1])].append(e)
+    released, by_trial = occupancy_events(occupancy)
 
     held: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
     shapes = set()

@@ -19,15 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from framework.config.specs import SweepSpec, load_sweep
-from framework.results.diagnosis import (
-    VERDICTS,
-)
+from framework.config.specs import SweepSpec
+from framework.config.specs import load_sweep
+from framework.results.diagnosis import VERDICTS
 from framework.results.html_report import render_report
 from framework.results.store import ResultStore
 from framework.search.tuner import param_importances
-from tests.browser import check_report, external_references, render
-from tests.helpers import NAME, ROOT, emulated_cluster, joined_cli_env, run_cli, write_fake_sweep
+from tests.browser import check_report
+from tests.browser import external_references
+from tests.browser import render
+from tests.helpers import NAME
+from tests.helpers import ROOT
+from tests.helpers import emulated_cluster
+from tests.helpers import joined_cli_env
+from tests.helpers import run_cli
+from tests.helpers import write_fake_sweep
 
 
 @dataclass(frozen=True)

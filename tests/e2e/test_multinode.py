@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import emulated_cluster, joined_cli_env, marked_processes, read_trials, run_cli
+from tests.helpers import emulated_cluster
+from tests.helpers import joined_cli_env
+from tests.helpers import marked_processes
+from tests.helpers import read_trials
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.server
 

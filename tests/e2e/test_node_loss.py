@@ -12,7 +12,10 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import CLI, emulated_cluster, joined_cli_env, read_trials
+from tests.helpers import CLI
+from tests.helpers import emulated_cluster
+from tests.helpers import joined_cli_env
+from tests.helpers import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -24,7 +24,13 @@ import duckdb
 import pytest
 import yaml
 
-from tests.helpers import ROOT, cli_env, free_ports, new_marker, stop_group, wait_no_marked_processes
+from tests.helpers import cli_env
+from tests.helpers import free_ports
+from tests.helpers import new_marker
+from tests.helpers import ray_head_argv
+from tests.helpers import stop_group
+from tests.helpers import wait_no_marked_processes
+from tests.helpers import write_sweep
 
 pytestmark = pytest.mark.server
 
@@ -68,23 +74,17 @@ def node_env(marker: str, tmp: Path) -> dict[str, str]:
     return env
 
 
-def write_sweep(job_dir: Path, model: Path, results: Path) -> Path:
-    sweep = {
-        "name": NAME,
-        "model": str(model),
-        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
-        "server": {"args": {"enforce-eager": True, "max-model-len": 512},
-                   "startup_timeout_s": 240},
-        "workload": {"num_prompts": NUM_PROMPTS, "input_len": 64, "output_len": 16,
-                     "max_concurrency": 8, "warmup_requests": 4, "seed": 1},
-        "objective": {"metric": "output_throughput", "direction": "maximize"},
-        "sla": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
-        "search": {"n_trials": 1, "seed": 3, "baseline": True},
-        "results_dir": str(results),  # absolute: the job's cwd is Ray's unpacked working dir
-    }
-    path = job_dir / "sweep.yaml"
-    path.write_text(yaml.safe_dump(sweep))
-    return path
+def write_job_sweep(job_dir: Path, model: Path, results: Path) -> Path:
+    """The e2e sweep (tests/helpers.write_sweep), one trial with the baseline, as job_dir/sweep.yaml."""
+    path = write_sweep(job_dir, model, n_trials=1, name=NAME)
+    spec = yaml.safe_load(path.read_text())
+    spec["workload"].update({"num_prompts": NUM_PROMPTS, "warmup_requests": 4})
+    spec["search"]["baseline"] = True
+    spec["results_dir"] = str(results)  # absolute: the job's cwd is Ray's unpacked working dir
+    path.unlink()
+    target = job_dir / "sweep.yaml"
+    target.write_text(yaml.safe_dump(spec))
+    return target
 
 
 def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float) -> None:
@@ -170,17 +170,12 @@ def test_ray_job_submit_runs_a_sweep_on_a_two_node_cluster(tiny_model, short_tmp
     marker = new_marker()
     env = node_env(marker, short_tmp)
     gcs_port, dash_port, agent_port, client_port, worker_agent_port = free_ports(5)
-    gcs = f"127.0.0.1:{gcs_port}"
+    gcs = f"127.0.0.11:{gcs_port}"  # not 127.0.0.1: `ray start` swaps it for the machine's address
     dashboard = f"http://127.0.0.1:{dash_port}"
     (short_tmp / "h").mkdir()
     (short_tmp / "w").mkdir()
-    head_argv = [RAY, "start", "--head", "--block", "--disable-usage-stats",
-                 "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
-                 "--temp-dir", str(short_tmp / "h"), "--num-cpus", "2",
-                 "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                 "--dashboard-port", str(dash_port),
-                 "--dashboard-agent-listen-port", str(agent_port),
-                 "--ray-client-server-port", str(client_port)]
+    head_argv = ray_head_argv(RAY, "127.0.0.11", [gcs_port, dash_port, agent_port, client_port],
+                              short_tmp / "h", 2)
     worker_argv = [RAY, "start", "--block", "--address", gcs,
                    "--node-ip-address", "127.0.0.2", "--temp-dir", str(short_tmp / "w"),
                    "--num-cpus", "1", "--dashboard-agent-listen-port", str(worker_agent_port)]
@@ -189,7 +184,7 @@ def test_ray_job_submit_runs_a_sweep_on_a_two_node_cluster(tiny_model, short_tmp
     job_dir = short_tmp / "job"
     job_dir.mkdir()
     results = short_tmp / "results"
-    write_sweep(job_dir, tiny_model, results)
+    write_job_sweep(job_dir, tiny_model, results)
     job_id = f"vsweep-{marker[:8]}"
     t0 = time.monotonic()
     try:

@@ -17,11 +17,18 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
-from framework.config.search_space import SearchSpace, load_search_space
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import load_search_space
 from framework.config.specs import WorkloadSpec
-from framework.results.rows import REQUEST_COLUMNS, param_column, trial_columns
+from framework.results.rows import REQUEST_COLUMNS
+from framework.results.rows import param_column
+from framework.results.rows import trial_columns
 from framework.results.store import KINDS
-from tests.helpers import ROOT, cli_env, new_marker, run_cli, wait_no_marked_processes
+from tests.helpers import ROOT
+from tests.helpers import cli_env
+from tests.helpers import new_marker
+from tests.helpers import run_cli
+from tests.helpers import wait_no_marked_processes
 
 DOC = ROOT / "docs" / "RESULTS.md"
 COLUMN_HEADER = ["column", "type", "unit", "meaning"]

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import emulated_cluster, joined_cli_env, read_trials, run_cli
+from tests.helpers import emulated_cluster
+from tests.helpers import joined_cli_env
+from tests.helpers import occupancy_events
+from tests.helpers import read_trials
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.server
 
@@ -105,12 +108,7 @@ def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
          "trial_s", "log_tail"]].to_dict("records"))
     assert len(set(shapes[~never_fit])) >= 3, "the sweep should mix several shapes"
 
-    events = [json.loads(line) for line in occupancy.read_text().splitlines()]
-    released = {e["group"]: e["t"] for e in events if e.get("released")}
-    by_trial: dict[int, list[dict]] = defaultdict(list)
-    for e in events:
-        if not e.get("released"):
-            by_trial[int(Path(e["tag"]).stem.split("-")[1])].append(e)
+    released, by_trial = occupancy_events(occupancy)
     intervals: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
     reserved: list[tuple[float, float]] = []  # one interval per device a placed group holds
     until_measured: list[tuple[float, float]] = []  # the same, ending when the load ended

@@ -14,7 +14,11 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from tests.helpers import cli_env, new_marker, read_trials, run_cli, wait_no_marked_processes
+from tests.helpers import cli_env
+from tests.helpers import new_marker
+from tests.helpers import read_trials
+from tests.helpers import run_cli
+from tests.helpers import wait_no_marked_processes
 
 
 @pytest.mark.server

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import cli_env, new_marker, read_trials, run_cli, wait_no_marked_processes
+from tests.helpers import cli_env
+from tests.helpers import new_marker
+from tests.helpers import read_trials
+from tests.helpers import run_cli
+from tests.helpers import wait_no_marked_processes
 
 
 def _fake_reuse_sweep(tmp: Path, name: str, reuse: bool, **search) -> tuple[str, Path]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import duckdb
@@ -13,16 +12,14 @@ import yaml
 
 from framework.results.diagnosis import VERDICTS
 from tests.browser import check_sweep_report
-from tests.helpers import (
-    CLI,
-    cli_env,
-    new_marker,
-    read_trials,
-    read_until,
-    run_cli,
-    wait_no_marked_processes,
-    write_sweep,
-)
+from tests.helpers import cli_env
+from tests.helpers import new_marker
+from tests.helpers import read_trials
+from tests.helpers import read_until
+from tests.helpers import run_cli
+from tests.helpers import start_driver
+from tests.helpers import wait_no_marked_processes
+from tests.helpers import write_sweep
 
 pytestmark = pytest.mark.server
 
@@ -95,9 +92,7 @@ def test_ctrl_c_mid_trial_stops_everything_and_keeps_results(tiny_model, short_t
     marker = new_marker()
     env = cli_env(marker, short_tmp)
     sweep = write_sweep(short_tmp, tiny_model, n_trials=3, name="intr")
-    proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = start_driver(sweep, short_tmp, env)
     try:
         seen = read_until(proc, "starting server", timeout_s=300)
         assert "starting server" in seen, seen

@@ -15,21 +15,24 @@ from pathlib import Path
 import pytest
 
 from framework.base.errors import ConfigError
-from framework.load.bench import (
-    add_cli_args,
-    parse_goodput,
-    parse_percentile_metrics,
-    parse_percentiles,
-    per_request_lists,
-    resolve_endpoint,
-    result_json,
-    result_path,
-    summary_lines,
-)
-from framework.load.loadgen import LoadResult, RequestRecord
+from framework.load.bench import add_cli_args
+from framework.load.bench import parse_goodput
+from framework.load.bench import parse_percentile_metrics
+from framework.load.bench import parse_percentiles
+from framework.load.bench import per_request_lists
+from framework.load.bench import resolve_endpoint
+from framework.load.bench import result_json
+from framework.load.bench import result_path
+from framework.load.bench import summary_lines
+from framework.load.loadgen import LoadResult
+from framework.load.loadgen import RequestRecord
 from framework.load.metrics import compute_metrics
 from framework.load.workload import RequestSpec
-from tests.helpers import DETAIL_KEYS, ROOT, SAMPLE, VLLM_KEYS, bench_cli
+from tests.helpers import DETAIL_KEYS
+from tests.helpers import ROOT
+from tests.helpers import SAMPLE
+from tests.helpers import VLLM_KEYS
+from tests.helpers import bench_cli
 
 OUR_OWN_FLAGS = {"--result-json", "--duration-s", "--request-timeout-s", "--min-prompt-tokens",
                  "--max-prompt-tokens", "--help", "-h"}

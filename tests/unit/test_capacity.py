@@ -6,7 +6,10 @@ import math
 
 import pytest
 
-from framework.trial.capacity import CapacitySettings, capacity, next_rate, requests_for
+from framework.trial.capacity import CapacitySettings
+from framework.trial.capacity import capacity
+from framework.trial.capacity import next_rate
+from framework.trial.capacity import requests_for
 
 
 def search(threshold: float, s: CapacitySettings) -> list[tuple[float, bool]]:

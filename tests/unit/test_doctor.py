@@ -6,21 +6,28 @@ from __future__ import annotations
 
 import io
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from framework.cluster import node_report
-from framework.cluster.node_report import Gpu, NodeReport
+from framework.cluster.node_report import Gpu
+from framework.cluster.node_report import NodeReport
 from framework.cluster.placement import Shape
 from framework.load.loadgen import RequestRecord
 from framework.sweep import doctor
-from framework.sweep.doctor import FAIL, OK, SKIPPED, Check, ServerPlan
+from framework.sweep.doctor import FAIL
+from framework.sweep.doctor import OK
+from framework.sweep.doctor import SKIPPED
+from framework.sweep.doctor import Check
+from framework.sweep.doctor import ServerPlan
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
-from tests.helpers import ROOT, table_rows
+from tests.helpers import ROOT
+from tests.helpers import table_rows
 
 VERSIONS = {"vllm": "0.32.0", "torch": "2.13.0", "cuda": "12.8", "ray": "2.60.0",
             "python": "3.11.7"}

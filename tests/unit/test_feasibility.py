@@ -10,16 +10,14 @@ import pytest
 
 from framework.config.search_space import load_search_space
 from framework.engine import memory_model as mm
-from framework.engine.feasibility import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    GIB,
-    GPUS,
-    ModelFacts,
-    batch_defaults,
-    check,
-    check_cpu,
-    read_model_facts,
-)
+from framework.engine.feasibility import DEFAULT_GPU_MEMORY_UTILIZATION
+from framework.engine.feasibility import GIB
+from framework.engine.feasibility import GPUS
+from framework.engine.feasibility import ModelFacts
+from framework.engine.feasibility import batch_defaults
+from framework.engine.feasibility import check
+from framework.engine.feasibility import check_cpu
+from framework.engine.feasibility import read_model_facts
 from framework.engine.model_info import ModelInfo
 from framework.sweep import loader as sweep
 from tests.helpers import ROOT as REPO

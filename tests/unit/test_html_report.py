@@ -19,17 +19,19 @@ import pytest
 
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
-from framework.results.diagnosis import (
-    BATCH_FILL_LOW,
-    KV_EXHAUSTED_AT,
-    PREEMPTION_RATE_LIMIT,
-    VERDICTS,
-    diagnose,
-)
+from framework.results.diagnosis import BATCH_FILL_LOW
+from framework.results.diagnosis import KV_EXHAUSTED_AT
+from framework.results.diagnosis import PREEMPTION_RATE_LIMIT
+from framework.results.diagnosis import VERDICTS
+from framework.results.diagnosis import diagnose
 from framework.results.html_report import render_report
 from framework.results.queries import pareto_front
-from framework.search.tuner import Evaluation, Tuner, param_importances
-from tests.helpers import NAME, ROOT, write_fake_sweep
+from framework.search.tuner import Evaluation
+from framework.search.tuner import Tuner
+from framework.search.tuner import param_importances
+from tests.helpers import NAME
+from tests.helpers import ROOT
+from tests.helpers import write_fake_sweep
 
 SLA = {"p99_ttft_ms": 500.0, "p99_tpot_ms": 10.0}
 

@@ -9,18 +9,17 @@ import http.server
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 
 import pytest
 
-from framework.load.http_client import (
-    ConnectionPool,
-    HTTPError,
-    Response,
-    ResponseReader,
-    get,
-    get_sync,
-)
+from framework.load.http_client import ConnectionPool
+from framework.load.http_client import HTTPError
+from framework.load.http_client import Response
+from framework.load.http_client import ResponseReader
+from framework.load.http_client import get
+from framework.load.http_client import get_sync
 from framework.load.loadgen import run_load
 from framework.load.workload import RequestSpec
 

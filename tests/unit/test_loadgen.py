@@ -11,19 +11,19 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from framework.load.loadgen import (
-    LoadResult,
-    RequestRecord,
-    SSEState,
-    run_load,
-    wait_ready,
-)
+from framework.load.loadgen import LoadResult
+from framework.load.loadgen import RequestRecord
+from framework.load.loadgen import SSEState
+from framework.load.loadgen import run_load
+from framework.load.loadgen import wait_ready
 from framework.load.metrics import max_in_flight
 from framework.load.workload import RequestSpec
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from framework.load.loadgen import RequestRecord
-from framework.load.metrics import compute_metrics, max_in_flight, metric_names, percentile_key
+from framework.load.metrics import compute_metrics
+from framework.load.metrics import max_in_flight
+from framework.load.metrics import metric_names
+from framework.load.metrics import percentile_key
 from framework.trial.objective import goodput_slo_ms
 
 

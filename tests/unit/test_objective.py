@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from framework.trial.objective import (
-    error_rate,
-    evaluate,
-    evaluate_repeated,
-    gain,
-    goodput_slo_ms,
-    surely_broken,
-)
+from framework.trial.objective import error_rate
+from framework.trial.objective import evaluate
+from framework.trial.objective import evaluate_repeated
+from framework.trial.objective import gain
+from framework.trial.objective import goodput_slo_ms
+from framework.trial.objective import surely_broken
 
 # 95 completed + 5 failed -> error rate 5 / 100 = 0.05
 METRICS = {

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from framework.cluster.placement import (
-    NODE_ID_LABEL,
-    Layout,
-    Shape,
-    ask_another,
-    assign_units,
-    bundles,
-    fits,
-    layout,
-    node_unit,
-    ranks_by_node,
-    shape_of,
-    why_unplaceable,
-)
+from framework.cluster.placement import NODE_ID_LABEL
+from framework.cluster.placement import Layout
+from framework.cluster.placement import Shape
+from framework.cluster.placement import ask_another
+from framework.cluster.placement import assign_units
+from framework.cluster.placement import bundles
+from framework.cluster.placement import fits
+from framework.cluster.placement import layout
+from framework.cluster.placement import node_unit
+from framework.cluster.placement import ranks_by_node
+from framework.cluster.placement import shape_of
+from framework.cluster.placement import why_unplaceable
 
 
 @pytest.mark.parametrize("flags, shape", [

@@ -8,18 +8,17 @@ import sys
 import pandas as pd
 import pytest
 
-from framework.config.search_space import SearchSpace, load_search_space
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import load_search_space
 from framework.engine.feasibility import Feasibility
 from framework.results.queries import phase_means
-from framework.sweep.plan import (
-    DEFAULTS_S,
-    configurations,
-    feasible_share,
-    runs_per_server,
-    sample,
-    space_size,
-    time_estimate,
-)
+from framework.sweep.plan import DEFAULTS_S
+from framework.sweep.plan import configurations
+from framework.sweep.plan import feasible_share
+from framework.sweep.plan import runs_per_server
+from framework.sweep.plan import sample
+from framework.sweep.plan import space_size
+from framework.sweep.plan import time_estimate
 from tests.helpers import ROOT
 
 

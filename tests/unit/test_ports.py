@@ -10,7 +10,10 @@ from contextlib import ExitStack
 import pytest
 
 from framework.base.errors import TrialError
-from framework.cluster.ports import DEFAULT_EPHEMERAL, claim_port, ephemeral_range, pick_port
+from framework.cluster.ports import DEFAULT_EPHEMERAL
+from framework.cluster.ports import claim_port
+from framework.cluster.ports import ephemeral_range
+from framework.cluster.ports import pick_port
 
 HOST = "127.0.0.9"  # a loopback address no other test binds on
 

@@ -9,7 +9,11 @@ import re
 import pytest
 
 from framework.config.specs import SweepSpec
-from framework.results.provenance import cpu_name, git_commit, hardware, provenance, workload_sha256
+from framework.results.provenance import cpu_name
+from framework.results.provenance import git_commit
+from framework.results.provenance import hardware
+from framework.results.provenance import provenance
+from framework.results.provenance import workload_sha256
 from tests.helpers import ROOT
 
 

@@ -19,7 +19,8 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,9 @@ from rich.console import Console
 
 from framework.base.errors import TrialError
 from framework.engine import control
-from framework.search.tuner import Evaluation, Proposal, Tuner
+from framework.search.tuner import Evaluation
+from framework.search.tuner import Proposal
+from framework.search.tuner import Tuner
 from framework.sweep.loader import load
 from framework.sweep.runner import Runner
 from tests.helpers import ROOT
@@ -147,7 +150,9 @@ class FakeLauncher:
 
 def _tokenizer(folder: Path) -> None:
     """A word-level tokenizer (w0..w199): prompts of exact token counts, no model needed."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
 
     vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(200)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

@@ -6,16 +6,14 @@ import pytest
 from pydantic import ValidationError
 
 from framework.base.errors import ConfigError
-from framework.config.search_space import (
-    BoolParam,
-    CategoricalParam,
-    FloatParam,
-    IntParam,
-    SearchSpace,
-    grid_size,
-    grid_values,
-    load_search_space,
-)
+from framework.config.search_space import BoolParam
+from framework.config.search_space import CategoricalParam
+from framework.config.search_space import FloatParam
+from framework.config.search_space import IntParam
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import grid_size
+from framework.config.search_space import grid_values
+from framework.config.search_space import load_search_space
 from tests.helpers import ROOT as REPO
 
 TINY_CPU = REPO / "search_spaces" / "tiny_cpu.yaml"

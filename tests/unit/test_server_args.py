@@ -6,7 +6,10 @@ import shlex
 
 import pytest
 
-from framework.engine.server_args import flag_args, merge_flags, serve_command, server_argv
+from framework.engine.server_args import flag_args
+from framework.engine.server_args import merge_flags
+from framework.engine.server_args import serve_command
+from framework.engine.server_args import server_argv
 
 
 @pytest.mark.parametrize(("params", "expected"), [

@@ -9,21 +9,22 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from framework.config.search_space import load_search_space
-from framework.engine.server_metrics import (
-    SERVER_METRIC_COLUMNS,
-    MetricsSampler,
-    Sample,
-    fetch_text,
-    parse_metrics,
-    summarize,
-)
-from framework.results.rows import TrialContext, trial_columns, trial_row
+from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
+from framework.engine.server_metrics import MetricsSampler
+from framework.engine.server_metrics import Sample
+from framework.engine.server_metrics import fetch_text
+from framework.engine.server_metrics import parse_metrics
+from framework.engine.server_metrics import summarize
+from framework.results.rows import TrialContext
+from framework.results.rows import trial_columns
+from framework.results.rows import trial_row
 from framework.trial.run import TrialOutcome
 
 LABELS = 'engine="0",model_name="m"'

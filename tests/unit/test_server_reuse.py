@@ -11,9 +11,11 @@ import pytest
 import yaml
 
 from framework.base.errors import ConfigError
-from framework.config.search_space import SearchSpace, load_search_space
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
-from framework.load.workload import RequestSpec, arrival_offsets
+from framework.load.workload import RequestSpec
+from framework.load.workload import arrival_offsets
 from framework.search.tuner import Tuner
 from framework.sweep.loader import with_run_settings
 from framework.trial.measure import LoadPlan

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from framework.base.errors import ClusterError
-from framework.cluster.driver_session import SESSION_VAR, DriverSession
+from framework.cluster.driver_session import SESSION_VAR
+from framework.cluster.driver_session import DriverSession
 from tests.helpers import ROOT
 
 WAIT_S = 30.0

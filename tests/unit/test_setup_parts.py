@@ -14,7 +14,9 @@ from framework.base.errors import TrialError
 from framework.engine.vllm_server import parse_server_args
 from framework.load.workload import load_tokenizer
 from framework.tools import engine_setup
-from framework.tools.tiny_model import TinyLlamaShape, build_tiny_llama, is_built
+from framework.tools.tiny_model import TinyLlamaShape
+from framework.tools.tiny_model import build_tiny_llama
+from framework.tools.tiny_model import is_built
 from tests.helpers import ROOT
 
 
@@ -68,7 +70,8 @@ def test_vllm_own_parser_rejects_bad_flags_as_invalid_args(argv, fragment):
 
 
 def test_vllm_own_parser_accepts_what_server_args_builds(tiny_model):
-    from framework.engine.server_args import merge_flags, server_argv
+    from framework.engine.server_args import merge_flags
+    from framework.engine.server_args import server_argv
 
     flags = merge_flags({"enforce-eager": True, "max-model-len": 512},
                         {"max-num-seqs": 8, "enable-prefix-caching": False})
@@ -81,7 +84,8 @@ def test_cluster_yaml_has_what_the_ray_launcher_needs():
     """cluster.yaml as `ray up` sees it: filled out with Ray's AWS defaults and validated against
     Ray's own schema (ray/autoscaler/_private/commands.py, _bootstrap_config -> prepare_config;
     ray/autoscaler/_private/util.py, validate_config with ray/autoscaler/ray-schema.json)."""
-    from ray.autoscaler._private.util import prepare_config, validate_config
+    from ray.autoscaler._private.util import prepare_config
+    from ray.autoscaler._private.util import validate_config
 
     raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     for key in ("cluster_name", "max_workers", "provider", "auth", "available_node_types",

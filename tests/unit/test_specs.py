@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import is_latency_metric
 from framework.config.search_space import load_search_space
-from framework.config.specs import SearchSpec, load_sweep
+from framework.config.specs import SearchSpec
+from framework.config.specs import load_sweep
 from tests.helpers import ROOT as REPO
 
 # Smallest valid sweep; every malformed case below starts from it.
@@ -290,3 +291,14 @@ def test_an_api_key_is_no_search_parameter(tmp_path, tiny_model, name="api-key")
     with pytest.raises(ConfigError, match=r"parameters\..*<hidden>.*server\.api_key_env") as err:
         sweep_mod.load(path, check_flags=False)
     assert "s3cret" not in str(err.value)
+
+
+def test_an_unknown_gpu_is_one_line_naming_the_known_ones(tmp_path, tiny_model):
+    from framework.sweep import loader as sweep_mod
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "g", "model": str(tiny_model), "gpu": "A100-96GB",
+                                    "search_space": str(REPO / "search_spaces" / "tiny_cpu.yaml")}))
+    with pytest.raises(ConfigError, match=r"gpu: 'A100-96GB': unknown GPU; known: .*A100-80GB") as err:
+        sweep_mod.load(path, check_flags=False)
+    assert "\n" not in str(err.value)

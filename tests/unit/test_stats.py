@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from framework.trial.stats import combine, mean_ci, t975
+from framework.trial.stats import combine
+from framework.trial.stats import mean_ci
+from framework.trial.stats import t975
 
 
 def test_interval_matches_a_hand_computation():

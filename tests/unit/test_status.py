@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, write_rows
+from tests.helpers import ROOT
+from tests.helpers import write_rows
 
 
 def sweep_file(tmp: Path, tiny_model: Path) -> Path:
@@ -97,7 +98,9 @@ def confirmed_trials():
 
 
 def test_best_after_confirmation_runs_is_the_best_confirmed_mean():
-    from framework.results.console import best_trial, confirmed_scores, noise_line
+    from framework.results.console import best_trial
+    from framework.results.console import confirmed_scores
+    from framework.results.console import noise_line
 
     trials = confirmed_trials()
     assert confirmed_scores(trials) == {1: 135.0, 2: 139.0}

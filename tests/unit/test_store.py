@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC
+from datetime import datetime
 
 import duckdb
 import pandas as pd
@@ -10,14 +11,13 @@ import pytest
 
 from framework.config.search_space import load_search_space
 from framework.load.loadgen import RequestRecord
-from framework.results.rows import (
-    REQUEST_COLUMNS,
-    TrialContext,
-    request_rows,
-    trial_columns,
-    trial_row,
-)
-from framework.results.store import ResultStore, arrow_schema
+from framework.results.rows import REQUEST_COLUMNS
+from framework.results.rows import TrialContext
+from framework.results.rows import request_rows
+from framework.results.rows import trial_columns
+from framework.results.rows import trial_row
+from framework.results.store import ResultStore
+from framework.results.store import arrow_schema
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
 from tests.helpers import ROOT as REPO

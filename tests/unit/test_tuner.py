@@ -5,18 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
 from framework.config.search_space import load_search_space
-from framework.search.tuner import (
-    BASELINE_ATTR,
-    CONFIG_FAILURES,
-    FAIL_REASON_ATTR,
-    Evaluation,
-    Tuner,
-    distributions,
-)
+from framework.search.tuner import BASELINE_ATTR
+from framework.search.tuner import CONFIG_FAILURES
+from framework.search.tuner import FAIL_REASON_ATTR
+from framework.search.tuner import Evaluation
+from framework.search.tuner import Tuner
+from framework.search.tuner import distributions
 from tests.helpers import ROOT as REPO
 
 SPACE = load_search_space(REPO / "search_spaces" / "tiny_cpu.yaml")

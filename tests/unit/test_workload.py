@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from framework.load.prompts import load_tokenizer
-from framework.load.sharegpt import (
-    first_exchange,
-    read_sharegpt,
-    sample_sharegpt_conversations,
-    sharegpt_requests,
-)
-from framework.load.workload import Dataset, arrival_offsets, prefix_shared_requests, random_requests
+from framework.load.sharegpt import first_exchange
+from framework.load.sharegpt import read_sharegpt
+from framework.load.sharegpt import sample_sharegpt_conversations
+from framework.load.sharegpt import sharegpt_requests
+from framework.load.workload import Dataset
+from framework.load.workload import arrival_offsets
+from framework.load.workload import prefix_shared_requests
+from framework.load.workload import random_requests
 from tests.helpers import ROOT
 
 MODEL_DIR = ROOT / "models" / "tiny-llama"
