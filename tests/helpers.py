@@ -18,10 +18,13 @@ import sys
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
+from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pandas as pd
@@ -358,3 +361,31 @@ def occupancy_events(path: Path) -> tuple[dict[str, float], dict[int, list[dict]
         if not e.get("released"):
             by_trial[int(Path(e["tag"]).stem.split("-")[1])].append(e)
     return released, by_trial
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    body = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {body}\n\n".encode()
+
+
+def content(text: str) -> bytes:
+    return sse({"id": "cmpl-1", "choices": [{"index": 0, "text": text}]})
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return sse(
+        {
+            "id": "cmpl-1",
+            "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        }
+    )
+
+
+DONE = sse("[DONE]")
+
+
+def counter_clock() -> Callable[[], float]:
+    """Deterministic clock: 0.0, 1.0, 2.0, ... one step per call."""
+    ticks: Iterator[int] = iter(range(1_000_000))
+    return lambda: float(next(ticks))

@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from framework.config.search_space import load_search_space
 from framework.engine import memory_model as mm
 from framework.engine.feasibility import DEFAULT_GPU_MEMORY_UTILIZATION
 from framework.engine.feasibility import GIB
@@ -19,7 +18,6 @@ from framework.engine.feasibility import check
 from framework.engine.feasibility import check_cpu
 from framework.engine.feasibility import read_model_facts
 from framework.engine.model_info import ModelInfo
-from framework.sweep import loader as sweep
 from tests.helpers import ROOT as REPO
 
 R1_70B = read_model_facts(REPO / "model_configs" / "deepseek-r1-distill-llama-70b")
@@ -211,25 +209,6 @@ def test_gpu_budget_of_the_8b_on_an_h100_at_defaults():
     assert (mm.non_torch_bytes(2), mm.non_torch_bytes(8)) == (2.1 * GIB, 2.1 * GIB)
 
 
-@pytest.mark.parametrize("name, gib", [
-    # cudaMemGetInfo totals, as torch's OOM message prints them ("GPU 0 has a total capacity
-    # of X GiB"): less than the marketed size, ~0.5-0.9 GiB less than nvidia-smi's MiB
-    ("A100-80GB", 79.15), ("A100-40GB", 39.39), ("H100-80GB", 79.11), ("H200-141GB", 139.81),
-    ("L40S-48GB", 44.52), ("A10G-24GB", 21.99), ("L4-24GB", 22.03),
-])
-def test_gpu_table(name, gib):
-    gpu = GPUS[name]
-    assert gpu.memory_bytes == round(gib * GIB)
-    marketed = int(name.split("-")[1].removesuffix("GB"))  # GB read as GiB: an upper bound
-    assert 0.9 * marketed * GIB < gpu.memory_bytes < marketed * GIB
-
-
-def test_gpu_table_tells_the_two_a100s_apart():
-    assert GPUS["A100-40GB"].memory_bytes < 40 * GIB < 79 * GIB < A100.memory_bytes
-    assert check(R1_70B, GPUS["A100-40GB"], {"tensor-parallel-size": 2}).reasons[0].startswith(
-        "weights need 65.71 GiB")  # 70.55e9 x 2 B / 2 > 0.92 x 39.39 GiB
-
-
 def test_batch_defaults_follow_vllm():
     """arg_utils.py get_batch_defaults: (8192, 1024) from 70 GiB unless an A100, else
     (2048, 256); (16384, 1024) from 160 GiB, which no GPU of the table has."""
@@ -405,41 +384,3 @@ def test_cpu_engine_checks_the_kv_space_in_blocks():
     result = check_cpu(R1_70B, 1.0, {"max-model-len": 8192})
     assert "1.00 GiB is set aside (VLLM_CPU_KVCACHE_SPACE=1 GiB)" in result.reasons[0]
     assert result.reasons[0].endswith("longest max-model-len that fits is 3248")
-
-
-SPACES = sorted((REPO / "search_spaces").glob("*.yaml"))
-
-
-SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
-
-
-GPU_OF_SPACE = {"llama70b_8xa100": A100, "llama8b_1xh100": H100, "llama70b_2x8_multinode": H100}
-
-
-@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
-def test_every_shipped_search_space_loads(path):
-    assert load_search_space(path).parameters
-
-
-@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
-def test_every_shipped_sweep_loads(path, monkeypatch):
-    monkeypatch.chdir(REPO)
-    loaded = sweep.load(path.relative_to(REPO), check_flags=False)
-    assert loaded.spec.name
-    if path.stem in GPU_OF_SPACE:
-        assert loaded.spec.gpu == GPU_OF_SPACE[path.stem].name
-
-
-@pytest.mark.parametrize("stem", sorted(GPU_OF_SPACE))
-def test_gpu_spaces_start_at_vllms_defaults_and_fit_for_some_tp(stem):
-    space = load_search_space(REPO / "search_spaces" / f"{stem}.yaml")
-    defaults = space.defaults()
-    assert (defaults["max-num-batched-tokens"], defaults["max-num-seqs"]) == batch_defaults(
-        GPU_OF_SPACE[stem])
-    assert defaults["gpu-memory-utilization"] == DEFAULT_GPU_MEMORY_UTILIZATION
-    assert (defaults["max-model-len"], defaults["kv-cache-dtype"]) == (131072, "auto")
-    assert (defaults["enable-chunked-prefill"], defaults["enable-prefix-caching"]) == (True, True)
-    tps = list(getattr(space.parameters.get("tensor-parallel-size"), "choices", (1,)))
-    model = R1_70B if "70b" in stem else LLAMA_8B
-    assert any(check(model, GPU_OF_SPACE[stem], {**defaults, "tensor-parallel-size": tp}).ok
-               for tp in tps)

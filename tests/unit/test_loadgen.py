@@ -8,12 +8,10 @@ timeouts and concurrency limits can be tested without a model server.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 from collections.abc import Awaitable
 from collections.abc import Callable
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,34 +19,14 @@ from aiohttp import web
 
 from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
-from framework.load.loadgen import SSEState
 from framework.load.loadgen import run_load
-from framework.load.loadgen import wait_ready
 from framework.load.metrics import max_in_flight
 from framework.load.workload import RequestSpec
-
-
-def sse(payload: dict[str, Any] | str) -> bytes:
-    body = payload if isinstance(payload, str) else json.dumps(payload)
-    return f"data: {body}\n\n".encode()
-
-
-def content(text: str) -> bytes:
-    return sse({"id": "cmpl-1", "choices": [{"index": 0, "text": text}]})
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> bytes:
-    return sse(
-        {
-            "id": "cmpl-1",
-            "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
-        }
-    )
-
-
-DONE = sse("[DONE]")
-
+from tests.helpers import DONE
+from tests.helpers import content
+from tests.helpers import counter_clock
+from tests.helpers import sse
+from tests.helpers import usage
 
 COMMON_PAYLOAD = {"model": "tiny", "ignore_eos": True, "stream": True,
                   "stream_options": {"include_usage": True}, "temperature": 0}
@@ -206,12 +184,6 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def counter_clock() -> Callable[[], float]:
-    """Deterministic clock: 0.0, 1.0, 2.0, ... one step per call."""
-    ticks: Iterator[int] = iter(range(1_000_000))
-    return lambda: float(next(ticks))
-
-
 def spec(prompt: str, output_len: int = 4) -> RequestSpec:
     return RequestSpec(prompt=prompt, prompt_len=7, output_len=output_len)
 
@@ -329,76 +301,6 @@ def test_arrivals_must_match_requests() -> None:
         asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], arrivals=[0.0, 1.0]))
 
 
-async def health_server(statuses: list[int], polls: list[float]) -> asyncio.Server:
-    """An asyncio server on 127.0.0.1 answering GET /health with ``statuses`` in turn (then
-    the last again; 0: accept and never answer); each poll's time goes to ``polls``."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        line = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0]
-        assert line == b"GET /health HTTP/1.1"
-        status = statuses[min(len(polls), len(statuses) - 1)]
-        polls.append(time.monotonic())
-        if status == 0:
-            await asyncio.sleep(30)
-        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: 0\r\n\r\n" % status)
-        await writer.drain()
-        writer.close()
-
-    return await asyncio.start_server(handle, "127.0.0.1", 0)
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize(("statuses", "timeout_s", "ready", "n_polls", "elapsed"), [
-    pytest.param([503, 500, 200], 10.0, True, 3, (1.0, 2.5), id="polls-every-0.5s-until-200"),
-    pytest.param([404], 1.2, False, 3, (1.2, 2.0), id="never-200-until-the-deadline"),
-    pytest.param([0], 0.8, False, 1, (0.8, 1.5), id="silent-server-bounded-by-the-deadline"),
-])
-def test_wait_ready_polls_until_200_or_deadline(statuses: list[int], timeout_s: float,
-                                                ready: bool, n_polls: int,
-                                                elapsed: tuple[float, float]) -> None:
-    polls: list[float] = []
-
-    async def scenario() -> tuple[bool, float]:
-        server = await health_server(statuses, polls)
-        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
-        started = time.monotonic()
-        try:
-            return await wait_ready(url, timeout_s), time.monotonic() - started
-        finally:
-            server.close()
-
-    got, took = asyncio.run(scenario())
-    assert got is ready and len(polls) == n_polls
-    assert elapsed[0] <= took < elapsed[1]
-    gaps = [b - a for a, b in zip(polls, polls[1:])]
-    assert all(0.45 <= gap < 1.0 for gap in gaps), gaps
-
-
-@pytest.mark.timeout(60)
-def test_wait_ready_stops_when_the_server_dies_or_refuses_and_rejects_bad_urls() -> None:
-    polls: list[float] = []
-    alive = iter([True, True, False])
-
-    async def scenario() -> bool:
-        server = await health_server([503], polls)
-        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        try:
-            return await wait_ready(url, 30.0, is_alive=lambda: next(alive))
-        finally:
-            server.close()
-
-    assert asyncio.run(scenario()) is False and len(polls) == 2
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
-    started = time.monotonic()
-    assert asyncio.run(wait_ready(refused, 1.0)) is False
-    assert 1.0 <= time.monotonic() - started < 2.0
-    with pytest.raises(ValueError, match="base URL"):
-        asyncio.run(wait_ready("localhost:8000", 5.0))
-
-
 @pytest.mark.timeout(60)
 def test_chat_stream_with_deterministic_clock() -> None:
     result, server = asyncio.run(
@@ -454,43 +356,3 @@ def test_duration_bound_skips_late_arrivals() -> None:
 def test_rejects_non_positive_duration() -> None:
     with pytest.raises(ValueError, match="duration_s"):
         asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], duration_s=0.0))
-
-
-def pieces(data: bytes, cut: int) -> list[bytes]:
-    """``data`` cut at ``cut`` and in 7-byte pieces after it (covers splits anywhere)."""
-    return [data[:cut]] + [data[i:i + 7] for i in range(cut, len(data), 7)]
-
-
-SSE_BODY = (b": ping\r\n\r\n" + content("a") + b"event: x\n" + content("b\\nc") +
-            b'data: {"choices": [{"text": "spaced"}]}\n\n' + usage(7, 4) + DONE + content("late"))
-
-
-@pytest.mark.parametrize("cut", range(0, len(SSE_BODY) + 1, 5))
-def test_sse_state_is_indifferent_to_splits(cut: int) -> None:
-    state = SSEState(counter_clock())
-    for piece in pieces(SSE_BODY, cut):
-        state.feed(piece)
-    state.end()
-    # three content chunks (one JSON-parsed: not in vLLM's compact form), then usage, [DONE]
-    assert state.chunks == [0.0, 1.0, 2.0]
-    assert (state.prompt_tokens, state.output_tokens, state.usage_seen) == (7, 4, True)
-    assert state.done and state.error == ""
-
-
-def test_sse_state_fast_path_matches_parsing() -> None:
-    # a content chunk whose text holds the marks' words, and one with usage on it
-    tricky = content('say "usage" and "error"') + sse(
-        {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
-    state = SSEState(counter_clock())
-    state.feed(tricky + b"data: {bad json")
-    assert state.chunks == [0.0, 1.0] and state.output_tokens == 2
-    with pytest.raises(ValueError):
-        state.end()  # the unterminated, malformed last line is parsed and fails
-
-
-def test_sse_state_error_event() -> None:
-    state = SSEState(counter_clock())
-    state.feed(content("a") + sse({"error": {"message": "boom", "type": "BadRequest"}}) +
-               content("b"))
-    assert state.done and state.chunks == [0.0]
-    assert state.error == "server error in stream (BadRequest): boom"
