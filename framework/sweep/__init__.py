@@ -2,3 +2,14 @@
 trial -> record -> tell loop (`runner`), one asked trial's flags, shape, bundles and server key
 worked out once (`trial_plan`), servers kept for reuse and stopped in the background
 (`server_pool`), the cost estimate (`plan`) and the cluster check before a sweep (`doctor`)."""
+
+from framework.base.exports import lazy_exports
+
+__getattr__, __all__ = lazy_exports(__name__, {
+    "Sweep": "loader",
+    "load": "loader",
+    "load_plan": "loader",
+    "Runner": "runner",
+    "TrialPlan": "trial_plan",
+    "ServerPool": "server_pool",
+})
