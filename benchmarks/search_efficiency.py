@@ -126,6 +126,7 @@ def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
     from framework.config.search_space import grid_values
     from framework.config.search_space import load_search_space
     from framework.config.specs import SweepSpec
+    from framework.sweep.loader import CACHE_DIR_VAR
     from framework.sweep.loader import server_env
 
     grid = grid_values(load_search_space(SPACE))
@@ -146,6 +147,8 @@ def run_vllm_sweep(args: argparse.Namespace) -> dict[str, Any]:
                                      "search_space": str(SPACE)})
     env = {**os.environ, **server_env(spec), "TMPDIR": str(args.workdir / "t"),
            "PYTHONUNBUFFERED": "1"}
+    cache = Path(env[CACHE_DIR_VAR]).expanduser()  # vllm bench's own servers: caches in there too
+    env.update({"VLLM_CACHE_ROOT": str(cache / "vllm"), "HF_HOME": str(cache / "hf")})
     argv = [str(BIN / "vllm"), "bench", "sweep", "serve", "--serve-cmd", serve, "--bench-cmd",
             bench, "--serve-params", str(out / "serve.json"), "--num-runs", "1",
             "--warmup-num-prompts", "32", "--server-ready-timeout", "240", "-o", str(out),

@@ -123,10 +123,11 @@ class RayLauncher:
         when cancelled or past the placement timeout."""
         plan = _layout_now(wanted, unit)
         group = _create(wanted, plan)
+        ready_ref = group.ready()  # one wait per group, not one per poll
         deadline = time.monotonic() + self.placement_timeout_s
         laid_out = time.monotonic()
         while not self._cancelled.is_set() and time.monotonic() < deadline:
-            ready, _ = ray.wait([group.ready()], timeout=1.0)
+            ready, _ = ray.wait([ready_ref], timeout=1.0)
             if ready:
                 return group
             if plan.label_selector and time.monotonic() - laid_out > RELAYOUT_S:
@@ -135,6 +136,7 @@ class RayLauncher:
                 if again != plan:
                     remove_placement_group(group)
                     plan, group = again, _create(wanted, again)
+                    ready_ref = group.ready()
         remove_placement_group(group)
         return None
 
