@@ -344,11 +344,19 @@ def ray_head_argv(ray: str, node_ip: str, ports: list[int], temp_dir: Path, num_
             "--ray-client-server-port", str(client_port)]
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C's default action, as in a terminal: a test run from a background job (`cmd &`)
+    would otherwise hand the driver an ignored SIGINT, and Python then never raises
+    KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_driver(sweep: Path, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     """`vllm-sweep run SWEEP` as a child in its own session (stdout and stderr on one text
-    pipe), to be killed by its process group."""
+    pipe), to be killed by its process group; SIGINT acts as Ctrl-C in a terminal."""
     return subprocess.Popen([*CLI, "run", str(sweep)], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_as_in_a_terminal)
 
 
 def occupancy_events(path: Path) -> tuple[dict[str, float], dict[int, list[dict]]]:

@@ -65,9 +65,28 @@ def _tree(pid: int) -> list[int]:
         return []
 
 
+def _running(proc) -> bool:  # noqa: ANN001 - a psutil.Process (psutil is imported on the node)
+    """Alive and not a zombie: a zombie holds no memory or device, only its parent's wait."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: list, timeout_s: float) -> list:
+    """Poll until none of `procs` runs (`_running`) or timeout_s passes; the ones still running."""
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in procs if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
 def _reap(pids: list[int], grace_s: float, signal_first: bool = True) -> list[int]:
-    """SIGTERM pids (unless not `signal_first`: then only wait), wait up to grace_s, SIGKILL
-    the rest; returns pids still alive."""
+    """SIGTERM pids (unless not `signal_first`: then only wait), wait up to grace_s for them to
+    be gone (exited, or zombies: not reaped by a parent that is not ours), SIGKILL the rest;
+    returns pids still running."""
     import psutil
 
     procs = []
@@ -79,14 +98,13 @@ def _reap(pids: list[int], grace_s: float, signal_first: bool = True) -> list[in
             procs.append(proc)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = _wait_gone(procs, grace_s)
     for proc in alive:
         try:
             proc.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    return [p.pid for p in alive]
+    return [p.pid for p in _wait_gone(alive, 5.0)]
 
 
 def _stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float) -> list[int]:
@@ -225,6 +243,9 @@ class RayServer:
         if self._stopped:
             return []
         self._stopped = True
+        # GCS may list an actor DEAD (its owner died) before its process has exited: the
+        # group's processes are listed now, while they live, and each is waited for below
+        members = group_processes(self.group)
         left: list[int] = []
         if self.node_ip not in self.lost_nodes():
             try:
@@ -232,7 +253,7 @@ class RayServer:
             except Exception:  # noqa: BLE001 - the node died meanwhile: nothing left to reap
                 left = []
         ray.kill(self.actor, no_restart=True)
-        left += self._reap_group()
+        left += self._reap_group(members)
         self.fetch_log()
         try:
             on_node(self.node_id, _remove_remote, self.node_log)
@@ -243,13 +264,15 @@ class RayServer:
         self._on_stop(self)
         return left
 
-    def _reap_group(self) -> list[int]:
-        """Wait until GCS lists no live actor in the group and each one's process has exited
-        on its node; returns pids that could not be ended."""
+    def _reap_group(self, members: list[GroupProcess]) -> list[int]:
+        """Wait until each process of `members` (the group's actors before the stop) has exited
+        on its node, and until GCS lists no live actor in the group (and theirs have exited
+        too); returns pids that could not be ended."""
         alive_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         left: list[int] = []
         deadline = time.monotonic() + WORKER_GRACE_S + 10
-        while (procs := [p for p in group_processes(self.group) if p.node_id in alive_nodes]):
+        procs = [p for p in members if p.node_id in alive_nodes]
+        while procs:
             by_node: dict[str, list[int]] = {}
             for p in procs:
                 if p.pid:
@@ -262,5 +285,7 @@ class RayServer:
                     pass
             if time.monotonic() > deadline:
                 break
-            time.sleep(0.2)
+            procs = [p for p in group_processes(self.group) if p.node_id in alive_nodes]
+            if procs:
+                time.sleep(0.2)
         return sorted(set(left))
