@@ -5,8 +5,8 @@ sweep names.
 The pytest process never joins the cluster: node counts come from a short-lived subprocess with a
 timeout, the job is submitted with the `ray job submit` CLI (with a timeout), and its status and
 logs are read over plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process
-group, never with the Ray CLI's stop command (`ray stop` kills every Ray on the machine, not just
-this test's).
+group, never with the Ray CLI's stop command, which ends every Ray on the machine, not just
+this test's.
 """
 
 from __future__ import annotations
