@@ -1,0 +1,89 @@
+"""How a sweep searches (`SearchSpec`) and capacity mode's rate steps (`CapacitySpec`): the
+`search:` and `capacity:` sections of a sweep file. Unknown keys are errors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import model_validator
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Sampler = Literal["tpe", "random", "grid", "nsga2"]
+
+
+class SearchSpec(_Spec):
+    """How Optuna searches. `sampler`: tpe (default; multivariate, constraint-aware), random,
+    grid (every combination of a small discrete space, then stops), nsga2 (multi-objective
+    evolutionary). `learn_from_failures`: configuration failures (infeasible, invalid_args,
+    oom_at_startup, startup_crash, unplaceable) are told to Optuna as violated constraints so
+    it leaves their region (off: plain FAIL, which TPE ignores).
+    `trial_timeout_s`: deadline of one trial from the moment its
+    placement group is placed (start-up, warm-up and load; queueing for placement excluded),
+    FAIL(trial_timeout) past it. `requeue_interrupted`: a trial interrupted by a stopped or
+    killed driver runs again, as a new trial, when the sweep resumes. `stop_early`: end a
+    measured run (or a capacity step) as soon as its SLA is surely broken, i.e. broken even
+    if every remaining request took 0 ms (objective.surely_broken): the verdict is the one
+    the full run would give, at a fraction of its time. `repeats`: measured runs per trial
+    on the same server (fresh prompts each); the objective is their mean, with a 95%
+    confidence interval in the row; `sla_on: ci_upper` judges each SLA metric by the upper
+    end of its interval instead of its mean. A run whose SLA is surely broken ends the trial.
+    `confirm_top: k`: once the trials are done, the k best feasible configurations run once
+    more on fresh servers (confirmation runs), and `best` ranks the confirmed ones by the mean
+    of their measurements, dropping any whose re-measurement broke the SLA.
+    `screen: f`: before its measured run, each trial sends a short screening run of
+    ceil(f x num_prompts) fresh requests; the trial stops there as PRUNED when the screen
+    breaks an SLA limit by more than `screen_margin` (relative) or when Optuna's pruner
+    (tuner.FarFromBestPruner) finds its screen objective worse than the best feasible trial's
+    screen by more than `screen_margin`; the rest get the full run. Single objective only.
+    """
+
+    sampler: Sampler = "tpe"
+    n_trials: int = Field(default=10, gt=0)
+    seed: int = 0
+    baseline: bool = True
+    startup_trials: int | None = Field(default=None, ge=0)
+    trial_timeout_s: float | None = Field(default=None, gt=0)
+    requeue_interrupted: bool = False
+    stop_early: bool = True
+    learn_from_failures: bool = True
+    repeats: int = Field(default=1, ge=1, le=20)
+    confirm_top: int = Field(default=0, ge=0, le=10)
+    sla_on: Literal["mean", "ci_upper"] = "mean"
+    screen: float | None = Field(default=None, gt=0, lt=1)
+    screen_margin: float = Field(default=0.3, gt=0, le=10)
+
+    @property
+    def effective_startup_trials(self) -> int:
+        """Random trials before TPE models the space: given, else n_trials // 3 clamped to [2, 10]
+        (Optuna's fixed 10 would leave a 10-trial sweep with no model-guided trial at all)."""
+        if self.startup_trials is not None:
+            return self.startup_trials
+        return max(2, min(10, self.n_trials // 3))
+
+
+class CapacitySpec(_Spec):
+    """Capacity mode: each trial finds the highest request rate (requests/s) at which the SLA
+    holds on its running server (framework.trial.capacity: bracket from `start_rate` by doubling,
+    then bisect until the bracket is within `tolerance`), and that rate, `capacity_rps`, is
+    the objective. Each step sends round(rate x step_duration_s) requests (at least
+    `min_requests`, at most workload.num_prompts) with workload.burstiness arrivals."""
+
+    start_rate: float = Field(default=1.0, gt=0)
+    max_rate: float = Field(default=256.0, gt=0)
+    tolerance: float = Field(default=0.1, gt=0, lt=1)
+    max_steps: int = Field(default=8, ge=2, le=30)
+    step_duration_s: float = Field(default=15.0, gt=0)
+    min_requests: int = Field(default=20, gt=0)
+
+    @model_validator(mode="after")
+    def _rates(self) -> CapacitySpec:
+        if self.max_rate < self.start_rate:
+            raise ValueError(f"max_rate {self.max_rate} < start_rate {self.start_rate}")
+        return self
