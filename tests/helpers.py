@@ -170,6 +170,11 @@ def read_until(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
     return seen
 
 
+# Tests measure each configuration once: no baseline re-measurements or confirmation runs (the
+# defaults add them; tests/e2e/test_search_integration.py tests them on FakeEngine).
+NO_REMEASURE = {"confirm_top": 0, "baseline_repeats": 0}
+
+
 def write_sweep(tmp: Path, model: Path, n_trials: int, name: str = "e2e") -> Path:
     sweep = {
         "name": name,
@@ -181,7 +186,7 @@ def write_sweep(tmp: Path, model: Path, n_trials: int, name: str = "e2e") -> Pat
                      "max_concurrency": 8, "warmup_requests": 8, "seed": 1},
         "objective": {"metric": "output_throughput", "direction": "maximize"},
         "sla": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
-        "search": {"n_trials": n_trials, "seed": 3},
+        "search": {**NO_REMEASURE, "n_trials": n_trials, "seed": 3},
         "results_dir": str(tmp / "results"),
     }
     path = tmp / f"{name}.yaml"
@@ -322,7 +327,7 @@ def write_fake_sweep(folder: Path, model: Path, address: str | None) -> Path:
         # TP 4 (cannot be placed on 2 GPUs)
         # full runs: a run stopped early (SLA surely broken) keeps only its finished requests,
         # and the batch-too-small diagnosis below reads the whole run
-        "search": {"sampler": "random", "n_trials": 4, "baseline": True, "seed": 10,
+        "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 4, "baseline": True, "seed": 10,
                    "stop_early": False},
         "cluster": {"address": address, "max_concurrent_trials": 1},
         "results_dir": str(folder / "results"),

@@ -88,3 +88,20 @@ def is_latency_metric(key: str) -> bool:
 def is_throughput_metric(key: str) -> bool:
     """Objectives that are maximized."""
     return key in THROUGHPUT_METRICS
+
+
+def unit_of(key: str) -> str:
+    """The unit of a metric or column: ms for `*_ms`; tok/s for token throughputs; req/s for
+    request throughputs, goodputs and capacity; s for times (`*_s`); "" for counts, fractions
+    and anything else."""
+    if key.endswith("_ms"):
+        return "ms"
+    if key in ("output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+               "output_throughput_per_gpu"):
+        return "tok/s"
+    if key in ("request_throughput", "request_goodput", "request_goodput_per_gpu",
+               "capacity_rps"):
+        return "req/s"
+    if key.endswith("_s") or key == "duration":
+        return "s"
+    return ""

@@ -34,9 +34,18 @@ class SearchSpec(_Spec):
     on the same server (fresh prompts each); the objective is their mean, with a 95%
     confidence interval in the row; `sla_on: ci_upper` judges each SLA metric by the upper
     end of its interval instead of its mean. A run whose SLA is surely broken ends the trial.
-    `confirm_top: k`: once the trials are done, the k best feasible configurations run once
-    more on fresh servers (confirmation runs), and `best` ranks the confirmed ones by the mean
-    of their measurements, dropping any whose re-measurement broke the SLA.
+    `confirm_top: k` (default 1): once the trials are done, the k best feasible configurations
+    run once more on fresh servers (confirmation runs); the winner is chosen among the
+    confirmed ones by their confirmation runs (results.verdict), dropping any whose
+    re-measurement broke the SLA. `baseline_repeats: r` (default 2): the baseline is measured
+    r more times on fresh servers, interleaved with the search (evenly spaced; the last one
+    among the confirmation runs), so drift shows and the server-to-server spread is measured;
+    the gain's 95% interval rests on it.
+    `precision: p`: a trial stays under load, one run after another (fresh prompts each),
+    until its objective's 95% interval, server-to-server spread included, is within +-p of its
+    mean (trial.precision), or until it is clearly worse than the best, or runs into
+    `precision_max_runs` runs or `precision_max_load_s` seconds under load; `repeats` is then
+    the minimum number of runs.
     `screen: f`: before its measured run, each trial sends a short screening run of
     ceil(f x num_prompts) fresh requests; the trial stops there as PRUNED when the screen
     breaks an SLA limit by more than `screen_margin` (relative) or when Optuna's pruner
@@ -54,10 +63,26 @@ class SearchSpec(_Spec):
     stop_early: bool = True
     learn_from_failures: bool = True
     repeats: int = Field(default=1, ge=1, le=20)
-    confirm_top: int = Field(default=0, ge=0, le=10)
+    confirm_top: int = Field(default=1, ge=0, le=10)
+    baseline_repeats: int = Field(default=2, ge=0, le=10)
+    precision: float | None = Field(default=None, gt=0, lt=1)
+    precision_max_runs: int = Field(default=5, ge=2, le=50)
+    precision_max_load_s: float = Field(default=60.0, gt=0)
     sla_on: Literal["mean", "ci_upper"] = "mean"
     screen: float | None = Field(default=None, gt=0, lt=1)
     screen_margin: float = Field(default=0.3, gt=0, le=10)
+
+    @model_validator(mode="after")
+    def _runs(self) -> SearchSpec:
+        if self.precision is not None and self.repeats > self.precision_max_runs:
+            raise ValueError(f"repeats {self.repeats} > precision_max_runs "
+                             f"{self.precision_max_runs}")
+        return self
+
+    @property
+    def max_runs(self) -> int:
+        """Measured runs a trial may need: precision_max_runs with `precision`, else repeats."""
+        return self.precision_max_runs if self.precision is not None else self.repeats
 
     @property
     def effective_startup_trials(self) -> int:

@@ -301,8 +301,9 @@ class SweepSpec(_Spec):
             if not self.sla:
                 raise ValueError("capacity: needs an sla: the capacity is the highest rate at "
                                  "which it holds")
-            if self.search.repeats > 1:
-                raise ValueError("search.repeats applies to fixed runs, not to capacity mode")
+            if self.search.repeats > 1 or self.search.precision is not None:
+                raise ValueError("search.repeats and search.precision apply to fixed runs, not "
+                                 "to capacity mode")
         if self.search.screen is not None:
             if self.capacity is not None:
                 raise ValueError("search.screen applies to fixed runs, not to capacity mode")

@@ -22,6 +22,9 @@ from framework.results.queries import (  # noqa: F401 - Best and best_trial re-e
     state_label,
 )
 from framework.results.rows import param_column
+from framework.results.verdict import SweepVerdict
+from framework.results.verdict import decide
+from framework.results.verdict import sweep_noise
 
 
 def _fmt(value: object, digits: int = 4) -> str:
@@ -100,40 +103,43 @@ def trials_table(trials: pd.DataFrame, params: Sequence[str], columns: Sequence[
 
 
 def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str], objective: str,
-                  maximize: bool, sla: Mapping[str, float]) -> Best | None:
-    """The table of trials, the best feasible configuration, its gain and its command."""
+                  maximize: bool, sla: Mapping[str, float]) -> SweepVerdict | None:
+    """The table of trials, then the verdict (results.verdict): the winner and its command only
+    when its gain is beyond the measured noise (or the defaults break the SLA and it meets it),
+    else what the noise allows one to say."""
     if trials.empty:
         console.print("no trials yet")
         return None
     shown = [objective, *[k for k in sla if k != objective and k in trials.columns]]
     console.print(trials_table(trials, params, shown))
-    best = best_trial(trials, params, maximize)
     limits = ", ".join(f"{k} <= {v:g}" for k, v in sla.items()) or "none"
-    if best is None:
-        console.print(f"[red]No feasible configuration[/red] (SLA: {limits}).")
-        return None
-    confirmed = " (mean with its confirmation run)" if confirmed_scores(trials) else ""
-    console.print(f"\n[bold green]Best feasible configuration[/bold green]: trial {best.number}, "
-                  f"{objective} = {best.objective:.4g}{confirmed} (SLA: {limits})")
-    for name, value in best.params.items():
-        console.print(f"  {name}: {value}")
-    if best.gain is not None:
-        console.print(f"Gain over the vLLM-default baseline ({best.baseline_objective:.4g}): "
-                      f"{best.gain:+.1%}")
-    else:
-        console.print("Gain over the vLLM-default baseline: n/a (baseline trial did not complete)")
-    console.print("Command:")
-    console.print(f"  {best.serve_command}", highlight=False, soft_wrap=True)
+    console.print(f"SLA: {limits}")
     if (noise := noise_line(trials)) is not None:
         console.print(noise)
-    return best
+    verdict = decide(trials, objective, maximize, sla)
+    style = "bold green" if verdict.number is not None else "bold yellow"
+    for line in verdict.lines:
+        console.print(f"[{style}]{line}[/{style}]", soft_wrap=True)
+    if verdict.number is None:
+        return verdict
+    row = trials[trials["trial_number"] == verdict.number].iloc[0]
+    for name in params:
+        console.print(f"  {name}: {row[param_column(name)]}")
+    console.print("Command:")
+    console.print(f"  {row['serve_command']}", highlight=False, soft_wrap=True)
+    return verdict
 
 
 def noise_line(trials: pd.DataFrame) -> str | None:
-    """How noisy this cluster's measurements were: the median run-to-run coefficient of
-    variation of the objective over trials measured repeatedly (search.repeats), and the
-    median relative change of confirmed trials' objectives on re-measurement."""
+    """How noisy this cluster's measurements were: the server-to-server spread measured on
+    fresh servers (verdict.sweep_noise), the median run-to-run coefficient of variation of the
+    objective over trials measured repeatedly, and the median relative change of confirmed
+    trials' objectives on re-measurement."""
     parts = []
+    noise = sweep_noise(trials)
+    if noise.server_var is not None:
+        parts.append(f"fresh servers of one configuration differ by {math.sqrt(noise.server_var):.1%} "
+                     f"(standard deviation beyond run-to-run noise, {noise.df} degrees of freedom)")
     if "objective_cv" in trials and trials["objective_cv"].notna().any():
         cv = trials["objective_cv"].dropna()
         parts.append(f"median coefficient of variation {cv.median():.1%} over {len(cv)} "

@@ -75,7 +75,10 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
     columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float"),
                 ("capacity_rps", "float"), ("capacity_steps", "int"), ("repeats", "int"),
                 ("objective_ci95_low", "float"), ("objective_ci95_high", "float"),
-                ("objective_cv", "float")]
+                ("objective_cv", "float"), ("precision_target", "float"),
+                ("ci95_halfwidth", "float"), ("ci95_halfwidth_within", "float"),
+                ("ci95_halfwidth_server", "float"), ("precision_reached", "bool"),
+                ("precision_stop", "str")]
     columns += [(f"{key}_ci95_high", "float") for key in sla_keys]
     columns += list(SERVER_METRIC_COLUMNS)
     columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
@@ -180,7 +183,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         row["objective"] = verdict.objective
     for key, value in (intervals or {}).items():
         if key in row:
-            row[key] = int(value) if key == "repeats" else value
+            row[key] = int(value) if key == "repeats" and value is not None else value
     row.update(ctx.provenance or {})
     row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None
     found = diagnose(row, ctx.sla)

@@ -37,6 +37,7 @@ BASELINE_ATTR = "baseline"
 FAIL_REASON_ATTR = "fail_reason"
 RETRY_OF_ATTR = "retry_of"
 CONFIRM_OF_ATTR = "confirm_of"
+INTERLEAVED_ATTR = "interleaved"  # a baseline re-measurement in the middle of the search
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -242,10 +243,24 @@ class Tuner:
             BASELINE_ATTR: is_baseline, RETRY_OF_ATTR: number})
 
     def enqueue_confirmation(self, params: Mapping[str, Scalar], is_baseline: bool,
-                             number: int) -> None:
-        """Queue trial `number`'s configuration once more, as a confirmation run."""
-        self.study.enqueue_trial(dict(params), user_attrs={
-            BASELINE_ATTR: is_baseline, CONFIRM_OF_ATTR: number})
+                             number: int, interleaved: bool = False) -> None:
+        """Queue trial `number`'s configuration once more, as a confirmation run (`interleaved`:
+        a baseline re-measurement during the search, which counts toward its trials)."""
+        attrs: dict[str, object] = {BASELINE_ATTR: is_baseline, CONFIRM_OF_ATTR: number}
+        if interleaved:
+            attrs[INTERLEAVED_ATTR] = True
+        self.study.enqueue_trial(dict(params), user_attrs=attrs)
+
+    def baseline_number(self) -> int | None:
+        """The number of the study's first baseline trial (None: no baseline)."""
+        return next((t.number for t in self.study.get_trials(deepcopy=False)
+                     if t.user_attrs.get(BASELINE_ATTR) and CONFIRM_OF_ATTR not in t.user_attrs
+                     and RETRY_OF_ATTR not in t.user_attrs), None)
+
+    def interleaved(self) -> int:
+        """Baseline re-measurements queued or run during the search."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if INTERLEAVED_ATTR in t.user_attrs)
 
     def enqueue_new(self, candidates: Sequence[Mapping[str, Scalar]]) -> int:
         """Queue the candidates no trial of the study has run or queued (same parameters);
@@ -259,13 +274,16 @@ class Tuner:
             return len(fresh)
 
     def has_confirmations(self) -> bool:
-        return any(CONFIRM_OF_ATTR in t.user_attrs for t in self.study.get_trials(deepcopy=False))
+        """Whether the end-of-search confirmation runs were queued (interleaved baseline
+        re-measurements aside)."""
+        return any(CONFIRM_OF_ATTR in t.user_attrs and INTERLEAVED_ATTR not in t.user_attrs
+                   for t in self.study.get_trials(deepcopy=False))
 
     def waiting_retries(self) -> int:
         """Queued re-runs not started yet (each runs as a trial beyond the target)."""
         waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        return sum(1 for t in waiting if RETRY_OF_ATTR in t.user_attrs
-                   or CONFIRM_OF_ATTR in t.user_attrs)
+        return sum(1 for t in waiting if INTERLEAVED_ATTR not in t.user_attrs
+                   and (RETRY_OF_ATTR in t.user_attrs or CONFIRM_OF_ATTR in t.user_attrs))
 
     def ask(self) -> Proposal:
         """The next configuration. A conditional space is asked define-by-run: a parameter is

@@ -182,8 +182,8 @@ SCREEN_SEED = 3000  # the screening run's requests and arrivals: workload seed +
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
     `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs; in
-    capacity mode one request set per rate step (seeds `seed + 1000 + step`); repeats
-    `seed + 2000 + r`; the screening run `seed + 3000`."""
+    capacity mode one request set per rate step (seeds `seed + 1000 + step`); runs 2.. of
+    repeats or precision `seed + 2000 + r`; the screening run `seed + 3000`."""
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -230,8 +230,9 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     capacity=capacity,
                     sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None,
                     repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
-                                     for r in range(1, spec.search.repeats)],
-                    screen=screen, screen_arrivals=screen_arrivals)
+                                     for r in range(1, spec.search.max_runs)],
+                    screen=screen, screen_arrivals=screen_arrivals,
+                    min_runs=spec.search.repeats)
 
 
 def _arrivals(w: WorkloadSpec, n: int, seed: int) -> list[float] | None:

@@ -22,7 +22,6 @@ stop is joined before `run` returns.
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import threading
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import Future
@@ -46,8 +45,6 @@ from framework.results.console import print_summary
 from framework.results.provenance import provenance
 from framework.results.rows import REQUEST_COLUMNS
 from framework.results.rows import TrialContext
-from framework.results.rows import param_column
-from framework.results.rows import plain
 from framework.results.rows import request_rows
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
@@ -56,6 +53,9 @@ from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
 from framework.sweep.loader import Sweep
 from framework.sweep.loader import load_plan
+from framework.sweep.remeasure import precision_rule
+from framework.sweep.remeasure import queue_confirmations
+from framework.sweep.remeasure import queue_interleaved
 from framework.sweep.server_pool import ServerPool
 from framework.sweep.trial_plan import Running
 from framework.sweep.trial_plan import TrialPlan
@@ -64,6 +64,7 @@ from framework.sweep.trial_plan import rejection
 from framework.trial.measure import LoadPlan
 from framework.trial.objective import evaluate_repeated
 from framework.trial.objective import per_device
+from framework.trial.precision import precision_columns
 from framework.trial.run import Reused
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome
@@ -83,11 +84,6 @@ def _vllm_version() -> str:
         return importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _present(value: object) -> bool:
-    """A stored cell holds a value: not null (None, or NaN where a null number was read)."""
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 @dataclass
@@ -119,6 +115,7 @@ class Runner:
                            screen_margin=(spec.search.screen_margin
                                           if spec.search.screen else None))
         self._lock = threading.Lock()
+        self._search_target = spec.search.n_trials  # set by run()
         self._waiting: dict[int, int] = {}  # trial number -> devices, until placed
         self._pool = ServerPool(spec.server.reuse, console.print)
         self.provenance = provenance(spec, launcher.node_resources())
@@ -147,6 +144,7 @@ class Runner:
         load = load_plan(spec)
         progress = Progress(self.console, target, spec.objective.metric,
                             spec.objective.direction == "maximize")
+        self._search_target = target
         loop = _Loop(target, done, load, progress,
                      ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix="trial"))
         try:
@@ -201,6 +199,8 @@ class Runner:
             parked = False  # a parked server lets one trial be asked for it
             if not self._may_ask():
                 break
+            queue_interleaved(self.spec, self.sweep.space, self.tuner,
+                              loop.done + len(loop.running), self._search_target)
             plan = plan_trial(self.sweep, self.tuner.ask(), loop.load)
             p = plan.proposal
             loop.progress.trial_started(p.number, loop.done + len(loop.running), p.params,
@@ -223,6 +223,9 @@ class Runner:
         one (confirmation runs re-measure on fresh servers)."""
         with self._lock:
             self._waiting[plan.number] = len(plan.wanted)
+        rule = precision_rule(self.spec, plan.shape.world_size, self.store.read_trials())
+        if rule is not None:
+            plan = replace(plan, load=replace(plan.load, precision=rule))
         reuse = None if plan.proposal.confirm_of is not None else self._pool.take(plan.key)
         log_path = reuse.log_path if reuse else self.store.log_path(plan.number)
         running = Running(plan, feas, log_path)
@@ -314,6 +317,8 @@ class Runner:
             outcome = replace(outcome, metrics=per_device(outcome.metrics, devices))
             verdict, intervals = evaluate_repeated(runs, self.spec.sla, obj.metric,
                                                    obj.pareto_with, self.spec.search.sla_on)
+            intervals.update(precision_columns([float(r[obj.metric]) for r in runs],
+                                               plan.load.precision, outcome.precision_stop))
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,
                            server_log=str(server_log or self.store.log_path(p.number)),
@@ -357,25 +362,10 @@ class Runner:
         return True
 
     def _queue_confirmations(self) -> int:
-        """Once the trials are done: queue the `confirm_top` best feasible configurations
-        once more (distinct configurations, confirmation runs not themselves confirmed);
-        nothing if the study already holds confirmations. Returns how many were queued."""
-        k = self.spec.search.confirm_top
-        if not k or self.tuner.has_confirmations():
-            return 0
-        trials = self.store.read_trials()
-        if trials.empty:
-            return 0
-        ok = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)  # noqa: E712
-                    & trials["confirmation_of"].isna()]
-        ok = ok.sort_values("objective", ascending=self.spec.objective.direction != "maximize")
-        top = ok.drop_duplicates("serve_command").head(k)
-        for _, row in top.iterrows():
-            params = {n: plain(row[param_column(n)]) for n in self.sweep.space.parameters
-                      if param_column(n) in row and _present(row[param_column(n)])}
-            self.tuner.enqueue_confirmation(params, bool(row["is_baseline"]),
-                                            int(row["trial_number"]))
-        return len(top)
+        """At the end of the search: remeasure.queue_confirmations (the top configurations and
+        the baseline once more, on fresh servers). Returns how many were queued."""
+        return queue_confirmations(self.spec, self.sweep.space, self.tuner,
+                                   self.store.read_trials())
 
     def recover(self) -> None:
         """Close trials an earlier, killed driver left RUNNING (re-queued if the sweep says

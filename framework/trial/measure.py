@@ -32,7 +32,10 @@ from framework.trial.capacity import capacity
 from framework.trial.capacity import next_rate
 from framework.trial.capacity import requests_for
 from framework.trial.objective import evaluate
+from framework.trial.objective import per_device
 from framework.trial.objective import surely_broken
+from framework.trial.precision import PrecisionRule
+from framework.trial.precision import stop_reason
 
 Phase = Callable[[str], None]
 
@@ -90,7 +93,9 @@ class LoadPlan:
     request_rate: float | None = None  # None: as fast as max_concurrency allows
     capacity: CapacityPlan | None = None
     sla_guard: Mapping[str, float] | None = None  # stop a run once this SLA surely breaks
-    repeat_requests: Sequence[Sequence[RequestSpec]] = ()  # runs 2..N of `search.repeats`
+    repeat_requests: Sequence[Sequence[RequestSpec]] = ()  # runs 2..N (repeats, precision)
+    min_runs: int = 1  # `search.repeats`: without precision, every set of runs is measured
+    precision: PrecisionRule | None = None  # `search.precision`, set per trial by the runner
     screen: Sequence[RequestSpec] = ()  # `search.screen`'s short first run
     screen_arrivals: Sequence[float] | None = None
 
@@ -123,6 +128,7 @@ class Measurement:
         self._then: Callable[[RequestRecord], None] | None = None
         self._guard: Mapping[str, float] = {}
         self._total = 0
+        self.precision_stop: str | None = None  # why precision runs ended (None: no rule)
 
     def begin(self, rate: float | None, then: Callable[[RequestRecord], None] | None,
               total: int = 0, guard: Mapping[str, float] | None = None) -> None:
@@ -214,13 +220,25 @@ def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Pha
     return _metrics(plan, result), step.stopped
 
 
+def _enough(plan: LoadPlan, runs: Sequence[dict[str, float]], load_s: float) -> str | None:
+    """With `plan.precision`, after at least `plan.min_runs` runs: precision.stop_reason on
+    the runs' objective values; None without a rule (every set is measured)."""
+    rule = plan.precision
+    if rule is None or len(runs) < plan.min_runs:
+        return None
+    values = [float(per_device(r, rule.devices).get(rule.metric, 0.0)) for r in runs]
+    return stop_reason(values, load_s, rule) if all(v > 0 for v in values) else "no value"
+
+
 def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
                   m: Measurement) -> list[dict[str, float]]:
-    """The workload's measured requests, then one fresh request set per further repeat (same
+    """The workload's measured requests, then one fresh request set per further run (same
     arrival times); the metrics of each run. A run whose SLA surely broke ends the
-    measurement there."""
+    measurement there; with `plan.precision` so does the rule's stop reason (kept in
+    `m.precision_stop`)."""
     runs: list[dict[str, float]] = []
     sets = [plan.measured, *plan.repeat_requests]
+    t0 = time.perf_counter()
     for index, requests in enumerate(sets):
         done = 0
         label = f"under load (run {index + 1}/{len(sets)})" if len(sets) > 1 else "under load"
@@ -242,6 +260,13 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
             phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
                   f"SLA surely broken ({step.stopped})")
             break
+        if (why := _enough(plan, runs, time.perf_counter() - t0)) is not None:
+            m.precision_stop = why
+            if index + 1 < len(sets):
+                phase(f"measured {len(runs)} run(s): {why}")
+            break
+    if plan.precision is not None and m.precision_stop is None:
+        m.precision_stop = f"cap: {len(runs)} runs"
     return runs
 
 

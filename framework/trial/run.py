@@ -96,6 +96,7 @@ class TrialOutcome:
     leftover_pids: tuple[int, ...] = ()
     server_pid: int | None = None
     server_reused: bool = False
+    precision_stop: str | None = None  # why precision runs ended (trial.precision)
 
     @property
     def ok(self) -> bool:
@@ -248,6 +249,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             server_metrics=summarize(samples),
                             steps=tuple(measurement.steps), leftover_pids=tuple(left),
                             server_pid=server.pid, server_reused=reuse is not None,
+                            precision_stop=measurement.precision_stop,
                             fail_reason="pruned" if pruned else None, fail_detail=pruned or "")
     except TrialError as exc:
         left = server.stop() if server is not None else []

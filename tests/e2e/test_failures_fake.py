@@ -19,6 +19,7 @@ import duckdb
 import pytest
 import yaml
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import cli_env
 from tests.helpers import cli_process
 from tests.helpers import marked_processes
@@ -49,7 +50,7 @@ def fake_sweep(tmp: Path, model: Path, name: str, *, tpot_ms: float, num_prompts
         "workload": {"num_prompts": num_prompts, "input_len": 16, "output_len": output_len,
                      "max_concurrency": 2, "warmup_requests": 0},
         "sla": {"p99_ttft_ms": 60000},
-        "search": {"n_trials": 1, "seed": 1, **search},
+        "search": {**NO_REMEASURE, "n_trials": 1, "seed": 1, **search},
         "cluster": {"num_cpus": 2, "num_gpus": 2, "max_concurrent_trials": 1},
         "results_dir": str(tmp / "results"),
     }))
@@ -152,7 +153,7 @@ def fake_grid_sweep(tmp: Path, model: Path, name: str, startup_s: float, **extra
     spec = {"name": name, "model": str(model), "search_space": str(space), "engine": "fake",
             "server": {"reuse": False, "env": {"FAKE_ENGINE_STARTUP_S": str(startup_s)}},
             "workload": {"num_prompts": 12, "input_len": 16, "output_len": 4, "warmup_requests": 0},
-            "search": {"sampler": "grid", "n_trials": 3, "baseline": False},
+            "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 3, "baseline": False},
             "cluster": {"num_cpus": 2, "num_gpus": 1}, "results_dir": str(tmp / "results")}
     for key, value in extra.items():
         spec[key] = {**spec.get(key, {}), **value}

@@ -26,6 +26,7 @@ import psutil
 import pytest
 import yaml
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import emulated_cluster
 from tests.helpers import joined_cli_env
 from tests.helpers import occupancy_events
@@ -105,7 +106,7 @@ def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path) -> Path:
                            "FAKE_ENGINE_TPOT_MS": "10", "FAKE_ENGINE_OCCUPANCY_LOG": str(occupancy)}},
         "workload": {"num_prompts": 24, "input_len": 16, "output_len": 16, "max_concurrency": 8,
                      "warmup_requests": 0},
-        "search": {"sampler": "random", "n_trials": 12, "baseline": False, "seed": 11},
+        "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 12, "baseline": False, "seed": 11},
         "cluster": {"address": address, "cache_dir": str(tmp / "cache")},
         "results_dir": str(tmp / "results"),
     }))

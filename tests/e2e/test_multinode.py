@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import emulated_cluster
 from tests.helpers import joined_cli_env
 from tests.helpers import marked_processes
@@ -44,7 +45,7 @@ def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
         "workload": {"num_prompts": 24, "input_len": 64, "output_len": 16,
                      "max_concurrency": 4, "warmup_requests": 4},
         "sla": {"p99_ttft_ms": 60000},
-        "search": {"n_trials": 1, "baseline": False},
+        "search": {**NO_REMEASURE, "n_trials": 1, "baseline": False},
         "cluster": {"address": address, "cpus_per_worker": 1},
         "results_dir": str(tmp / "results"),
     }))

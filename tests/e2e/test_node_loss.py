@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.helpers import CLI
+from tests.helpers import NO_REMEASURE
 from tests.helpers import emulated_cluster
 from tests.helpers import joined_cli_env
 from tests.helpers import read_trials
@@ -71,7 +72,7 @@ def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path) -> Path:
         "workload": {"num_prompts": 16, "input_len": 8, "output_len": 100,
                      "max_concurrency": 2, "warmup_requests": 0, "request_timeout_s": 30},
         "sla": {"p99_ttft_ms": 60000},
-        "search": {"sampler": "random", "n_trials": 3, "baseline": False},
+        "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 3, "baseline": False},
         "cluster": {"address": address, "max_concurrent_trials": 1, "retry_node_lost": True},
         "results_dir": str(tmp / "results"),
     }))

@@ -24,6 +24,7 @@ from framework.results.rows import REQUEST_COLUMNS
 from framework.results.rows import param_column
 from framework.results.rows import trial_columns
 from framework.results.store import KINDS
+from tests.helpers import NO_REMEASURE
 from tests.helpers import ROOT
 from tests.helpers import cli_env
 from tests.helpers import new_marker
@@ -223,7 +224,7 @@ def sweep_dir(tiny_model):
             "workload": {"num_prompts": 8, "input_len": 16, "output_len": 8, "max_concurrency": 2,
                          "warmup_requests": 0},
             "sla": SWEEP_SLA,  # request_goodput is set
-            "search": {"n_trials": 2, "seed": 1},
+            "search": {**NO_REMEASURE, "n_trials": 2, "seed": 1},
             "cluster": {"num_cpus": 2, "num_gpus": 2, "max_concurrent_trials": 1},
             "results_dir": str(tmp / "results"),
         }))

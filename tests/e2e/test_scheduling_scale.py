@@ -16,6 +16,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import emulated_cluster
 from tests.helpers import joined_cli_env
 from tests.helpers import occupancy_events
@@ -85,7 +86,7 @@ def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
         "workload": {"num_prompts": 32, "input_len": 16, "output_len": 24, "max_concurrency": 8,
                      "warmup_requests": 0},
         "sla": {"p99_ttft_ms": 5000},
-        "search": {"sampler": "random", "n_trials": TRIALS, "baseline": False, "seed": 5},
+        "search": {**NO_REMEASURE, "sampler": "random", "n_trials": TRIALS, "baseline": False, "seed": 5},
         "cluster": {"address": address},
         "results_dir": str(short_tmp / "results"),
     }))

@@ -14,6 +14,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import cli_env
 from tests.helpers import new_marker
 from tests.helpers import read_trials
@@ -39,7 +40,7 @@ def test_fake_sweep_prunes_slow_and_sla_breaking_configurations(short_tmp):
         "workload": {"num_prompts": 48, "input_len": 16, "output_len": 16,
                      "max_concurrency": 16, "warmup_requests": 0},
         "sla": {"p99_ttft_ms": 400},
-        "search": {"sampler": "grid", "n_trials": 5, "screen": 0.25, "stop_early": False},
+        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 5, "screen": 0.25, "stop_early": False},
         "cluster": {"num_cpus": 2, "num_gpus": 1}, "results_dir": str(short_tmp / "results")}))
     marker = new_marker()
     res = run_cli(["run", str(sweep)], short_tmp, cli_env(marker, short_tmp), timeout_s=240)

@@ -16,6 +16,7 @@ import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import ROOT
 from tests.helpers import cli_env
 from tests.helpers import new_marker
@@ -59,7 +60,7 @@ def test_infeasible_configurations_never_launch_and_the_rest_form_a_pareto_front
         objective={"metric": "output_throughput_per_gpu", "direction": "maximize",
                    "pareto_with": ["p99_ttft_ms"]},
         sla={"p99_ttft_ms": 60000},
-        search={"sampler": "grid", "n_trials": 50, "baseline": False},
+        search={**NO_REMEASURE, "sampler": "grid", "n_trials": 50, "baseline": False},
         cluster={"num_cpus": 2, "num_gpus": 8})
     assert "the grid holds 4 configurations" in out
 
@@ -113,7 +114,7 @@ def test_capacity_mode_finds_a_higher_capacity_for_a_larger_batch(tiny_model, sh
         sla={"p99_ttft_ms": 1000},
         capacity={"start_rate": 2.0, "tolerance": 0.25, "max_steps": 6, "step_duration_s": 3.0,
                   "min_requests": 10},
-        search={"sampler": "grid", "n_trials": 2, "baseline": False})
+        search={**NO_REMEASURE, "sampler": "grid", "n_trials": 2, "baseline": False})
     assert "req/s: SLA holds" in out and "req/s: SLA broken" in out
 
     trials = read_trials(short_tmp / "results", "cap").set_index("param_max_num_seqs")
@@ -149,7 +150,7 @@ def test_a_run_whose_sla_surely_broke_stops_early_with_the_same_verdict(tiny_mod
         workload={"num_prompts": 40, "input_len": 16, "output_len": 16, "warmup_requests": 0,
                   "percentiles": [90]},
         sla={"p90_ttft_ms": 1000},
-        search={"sampler": "grid", "n_trials": 2, "baseline": False})
+        search={**NO_REMEASURE, "sampler": "grid", "n_trials": 2, "baseline": False})
     assert "SLA surely broken" in out
 
     trials = read_trials(short_tmp / "results", "early").set_index("param_max_num_seqs")
@@ -169,7 +170,7 @@ def test_repeated_runs_on_one_server_give_a_mean_and_an_interval(tiny_model, sho
         workload={"num_prompts": 24, "input_len": 16, "output_len": 8, "max_concurrency": 4,
                   "warmup_requests": 0},
         sla={"p99_ttft_ms": 5000},
-        search={"sampler": "grid", "n_trials": 1, "baseline": False, "repeats": 3,
+        search={**NO_REMEASURE, "sampler": "grid", "n_trials": 1, "baseline": False, "repeats": 3,
                 "sla_on": "ci_upper"})
     assert "under load (run 3/3)" in out
 
@@ -194,7 +195,8 @@ def test_confirmation_runs_remeasure_the_top_configurations_and_best_uses_them(
         workload={"num_prompts": 24, "input_len": 16, "output_len": 8, "max_concurrency": 16,
                   "warmup_requests": 0},
         sla={"p99_ttft_ms": 60000},
-        search={"sampler": "grid", "n_trials": 4, "baseline": False, "confirm_top": 2})
+        search={"sampler": "grid", "n_trials": 4, "baseline": False, "confirm_top": 2,
+                "baseline_repeats": 0})
     assert "confirmation runs: the 2 best feasible configurations" in out
     assert "confirmation run of trial" in out
 

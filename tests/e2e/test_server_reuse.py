@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import cli_env
 from tests.helpers import new_marker
 from tests.helpers import read_trials
@@ -28,7 +29,7 @@ def _fake_reuse_sweep(tmp: Path, name: str, reuse: bool, **search) -> tuple[str,
         "search_space": str(space), "engine": "fake",
         "server": {"reuse": reuse, "env": {"FAKE_ENGINE_STARTUP_S": "0.5"}},
         "workload": {"num_prompts": 12, "input_len": 16, "output_len": 4, "warmup_requests": 4},
-        "search": {"sampler": "grid", "n_trials": 4, "baseline": False, **search},
+        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 4, "baseline": False, **search},
         "cluster": {"num_cpus": 2, "num_gpus": 1}, "results_dir": str(tmp / "results")}))
     marker = new_marker()
     res = run_cli(["run", str(sweep)], tmp, cli_env(marker, tmp), timeout_s=240)
@@ -84,7 +85,7 @@ def test_real_vllm_keeps_one_server_across_run_settings(tiny_model, short_tmp):
                             "enable-prefix-caching": True}, "startup_timeout_s": 240},
         "workload": {"num_prompts": 24, "input_len": 300, "output_len": 8,
                      "warmup_requests": 4},
-        "search": {"sampler": "grid", "n_trials": 2, "baseline": False},
+        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 2, "baseline": False},
         "results_dir": str(short_tmp / "results")}))
     marker = new_marker()
     res = run_cli(["run", str(sweep)], short_tmp, cli_env(marker, short_tmp), timeout_s=540)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import NO_REMEASURE
 from tests.helpers import ROOT
 from tests.helpers import cli_env
 from tests.helpers import new_marker
@@ -43,7 +44,7 @@ def _sweep(tmp: Path, name: str, parameters: dict, n_trials: int, concurrent: in
         "server": {"args": {"max-model-len": 512, "gpu-memory-utilization": 0.4},
                    "startup_timeout_s": 900, "reuse": False},
         "workload": {"num_prompts": 20, "input_len": 64, "output_len": 16, "warmup_requests": 0},
-        "search": {"sampler": "grid", "n_trials": n_trials, "baseline": False},
+        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": n_trials, "baseline": False},
         "cluster": {"max_concurrent_trials": concurrent, "cache_dir": str(tmp / "cache")},
         "results_dir": str(tmp / "results"),
     }))

@@ -29,11 +29,13 @@ from rich.console import Console
 
 from framework.base.errors import TrialError
 from framework.engine import control
+from framework.results.verdict import decide
 from framework.search.tuner import Evaluation
 from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
 from framework.sweep.loader import load
 from framework.sweep.runner import Runner
+from tests.helpers import NO_REMEASURE
 from tests.helpers import ROOT
 
 HOST = "127.0.0.1"
@@ -161,7 +163,8 @@ def _tokenizer(folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
 
 
-def _sweep(tmp: Path, name: str, parameters: dict, reuse: bool, n_trials: int) -> Path:
+def _sweep(tmp: Path, name: str, parameters: dict, reuse: bool, n_trials: int,
+           search: dict | None = None) -> Path:
     model = tmp / "model"
     if not model.is_dir():
         model.mkdir()
@@ -175,7 +178,8 @@ def _sweep(tmp: Path, name: str, parameters: dict, reuse: bool, n_trials: int) -
         "server": {"reuse": reuse, "startup_timeout_s": 30},
         "workload": {"num_prompts": 8, "input_len": 8, "output_len": 4, "warmup_requests": 2,
                      "max_concurrency": 4},
-        "search": {"sampler": "grid", "n_trials": n_trials, "baseline": False, "seed": 1},
+        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": n_trials, "baseline": False,
+                   "seed": 1, **(search or {})},
         "results_dir": str(tmp / "results")}))
     return path
 
@@ -276,6 +280,35 @@ def test_without_reuse_every_server_is_stopped_once_and_devices_are_never_oversu
     assert len(launcher.servers) == 4 and all(s.stops == 1 for s in launcher.servers), out
     assert all(not s.is_alive() for s in launcher.servers)
     assert launcher.most_held <= 2 and launcher.held == 0
+
+
+@pytest.mark.timeout(120)
+def test_the_baseline_brackets_the_search_and_the_winner_is_confirmed_on_a_fresh_server(tmp_path):
+    """baseline_repeats 2, confirm_top 1, precision: the baseline runs first, again once half
+    the search started (counting toward n_trials), and last, after the top configuration's
+    confirmation; re-measurements never reuse a server; every measured row has its precision
+    columns; the verdict rests on the 3 baseline servers and on the winner's confirmation."""
+    space = {"max-num-seqs": {"type": "categorical", "choices": [2, 4, 8], "default": 8}}
+    search = {"baseline": True, "baseline_repeats": 2, "confirm_top": 1, "precision": 0.5,
+              "precision_max_runs": 3}
+    runner, counted, out = _run(_sweep(tmp_path, "remeasure", space, True, 4, search),
+                                FakeLauncher(gpus=1), 4)
+    trials = _told_once_with_rows(runner, counted, 6)
+    base = trials[trials["is_baseline"] == True]  # noqa: E712
+    assert list(base["trial_number"]) == [0, 2, 5]
+    assert list(base["confirmation_of"].fillna(-1).astype(int)) == [-1, 0, 0]
+    confirm = trials[trials["trial_number"] == 4].iloc[0]
+    search_rows = trials[(trials["is_baseline"] != True) & trials["confirmation_of"].isna()]  # noqa: E712
+    assert len(search_rows) == 2  # the mid-search baseline took one of the 4 search trials
+    assert int(confirm["confirmation_of"]) in set(search_rows["trial_number"])
+    remeasured = trials[trials["confirmation_of"].notna()]
+    assert not remeasured["server_reused"].any()
+    done = trials[trials["state"] == "COMPLETE"]
+    assert (done["precision_target"] == 0.5).all() and done["precision_stop"].notna().all()
+    assert done["repeats"].between(1, 3).all()
+    verdict = decide(trials, "output_throughput", True, {})
+    assert verdict.baseline is not None and verdict.baseline.servers == 3
+    assert verdict.estimate is not None and verdict.estimate.servers == 1  # the confirmation
 
 
 @pytest.mark.timeout(120)
