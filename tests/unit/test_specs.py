@@ -39,9 +39,12 @@ def test_quickstart_loads_with_its_values():
     assert w.seed == 0
     assert w.percentiles == (25, 50, 75, 90, 95, 99)  # default covers the p99 SLA keys
     assert (spec.objective.metric, spec.objective.direction) == ("output_throughput", "maximize")
-    assert spec.sla == {"p99_ttft_ms": 500, "p99_tpot_ms": 10}
+    assert spec.sla == {"p99_ttft_ms": 500, "p99_tpot_ms": 4.5}
     assert (spec.search.sampler, spec.search.n_trials, spec.search.seed) == ("tpe", 10, 0)
     assert spec.search.baseline is True
+    s = spec.search
+    assert (s.baseline_repeats, s.confirm_top, s.precision, s.precision_max_runs) == (2, 2, 0.05, 3)
+    assert s.max_runs == 3 and s.repeats == 1
     assert spec.search.startup_trials is None
     assert spec.search.effective_startup_trials == 3  # 10 // 3, inside [2, 10]
     assert spec.cluster.address is None
