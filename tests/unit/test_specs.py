@@ -84,6 +84,14 @@ MALFORMED = [
     ("unknown-top-level-key", BASE + "colour: red\n", "colour", ()),
     ("unknown-nested-key", BASE + "workload: {num_promts: 5}\n", "workload.num_promts", ()),
     ("unknown-search-key", BASE + "search: {trials: 5}\n", "search.trials", ()),
+    ("precision-one", BASE + "search: {precision: 1}\n", "search.precision", ()),
+    ("precision-zero", BASE + "search: {precision: 0}\n", "search.precision", ()),
+    ("repeats-over-precision-cap", BASE + "search: {precision: 0.05, repeats: 4, "
+     "precision_max_runs: 3}\n", "search", ("repeats 4 > precision_max_runs 3",)),
+    ("baseline-repeats-negative", BASE + "search: {baseline_repeats: -1}\n",
+     "search.baseline_repeats", ()),
+    ("precision-in-capacity-mode", BASE + "sla: {p99_ttft_ms: 500}\ncapacity: {}\n"
+     "search: {precision: 0.05}\n", "(top level)", ("search.precision",)),
     ("wrong-type-int", BASE + "workload: {num_prompts: many}\n", "workload.num_prompts",
      ("'many'",)),
     ("wrong-type-section", BASE + "workload: 5\n", "workload", ()),
