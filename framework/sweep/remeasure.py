@@ -51,13 +51,14 @@ def queue_interleaved(spec: SweepSpec, space: SearchSpace, tuner: Tuner, started
 
 
 def queue_confirmations(spec: SweepSpec, space: SearchSpace, tuner: Tuner,
-                        trials: pd.DataFrame) -> int:
+                        trials: pd.DataFrame) -> tuple[int, int]:
     """Once the trials are done: queue the `confirm_top` best feasible configurations once more
     (distinct configurations; not the baseline when it is re-measured on its own; confirmation
     runs not themselves confirmed), then the baseline's last re-measurement; nothing if the
-    study already holds confirmations. Returns how many were queued."""
+    study already holds confirmations. Returns how many configurations and baseline runs were
+    queued."""
     if tuner.has_confirmations() or trials.empty:
-        return 0
+        return 0, 0
     base = tuner.baseline_number()
     remeasure_base = spec.search.baseline and spec.search.baseline_repeats >= 1 and base is not None
     ok = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)  # noqa: E712
@@ -70,11 +71,9 @@ def queue_confirmations(spec: SweepSpec, space: SearchSpace, tuner: Tuner,
         params = {n: plain(row[param_column(n)]) for n in space.parameters
                   if param_column(n) in row and _present(row[param_column(n)])}
         tuner.enqueue_confirmation(params, bool(row["is_baseline"]), int(row["trial_number"]))
-    queued = len(top)
     if remeasure_base and base is not None:
         tuner.enqueue_confirmation(_baseline_params(space, trials, base), True, base)
-        queued += 1
-    return queued
+    return len(top), int(remeasure_base)
 
 
 def precision_rule(spec: SweepSpec, devices: int, trials: pd.DataFrame) -> PrecisionRule | None:

@@ -136,7 +136,7 @@ class Runner:
         # re-runs come on top of the grid's size: an interrupted grid point runs again
         target = self._grid_capped(target) + self.tuner.waiting_retries()
         if done >= target:
-            target += self._queue_confirmations()
+            target += sum(self._queue_confirmations())
         if done >= target:
             self.console.print(f"study '{spec.name}' already holds {done} finished trials "
                                f"(target {target}); nothing to run. Use --add-trials N to extend.")
@@ -179,13 +179,14 @@ class Runner:
         the loop goes on for them."""
         if loop.done < loop.target:
             return True
-        extra = self._queue_confirmations()
-        if not extra:
+        top, base = self._queue_confirmations()
+        if not top + base:
             return False
-        loop.target += extra
+        loop.target += top + base
         loop.progress.total = loop.target
-        loop.progress.note(f"confirmation runs: the {extra} best feasible "
-                           "configurations once more, on fresh servers")
+        then = ", then vLLM's defaults" if base else ""
+        loop.progress.note(f"confirmation runs on fresh servers: the {top} best feasible "
+                           f"configurations once more{then}")
         return True
 
     def _ask_and_launch(self, loop: _Loop) -> None:
@@ -361,9 +362,9 @@ class Runner:
         self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
         return True
 
-    def _queue_confirmations(self) -> int:
+    def _queue_confirmations(self) -> tuple[int, int]:
         """At the end of the search: remeasure.queue_confirmations (the top configurations and
-        the baseline once more, on fresh servers). Returns how many were queued."""
+        the baseline once more, on fresh servers). Returns how many of each were queued."""
         return queue_confirmations(self.spec, self.sweep.space, self.tuner,
                                    self.store.read_trials())
 

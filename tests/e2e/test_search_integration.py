@@ -197,7 +197,7 @@ def test_confirmation_runs_remeasure_the_top_configurations_and_best_uses_them(
         sla={"p99_ttft_ms": 60000},
         search={"sampler": "grid", "n_trials": 4, "baseline": False, "confirm_top": 2,
                 "baseline_repeats": 0})
-    assert "confirmation runs: the 2 best feasible configurations" in out
+    assert "confirmation runs on fresh servers: the 2 best feasible configurations once more" in out
     assert "confirmation run of trial" in out
 
     trials = read_trials(short_tmp / "results", "confirm")
