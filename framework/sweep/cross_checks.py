@@ -78,7 +78,8 @@ def length_problem(lengths: RequestLengths, max_lens: Sequence[Number]) -> str |
     """Why the workload does not fit max-model-len in any trial (None: it fits in one at least).
     vLLM refuses a request whose prompt has max-model-len tokens or more
     (vllm/renderers/params.py, _token_len_check; a prompt of exactly max-model-len leaves
-    max_tokens 0, which SamplingParams refuses) or whose output is longer than max-model-len,
+    max_tokens 0, which vllm/sampling_params.py refuses) or whose output is longer than
+    max-model-len (renderers/params.py, __post_init__),
     and cuts the output of one whose prompt + output exceed it
     (vllm/entrypoints/serve/utils/api_utils.py, get_max_tokens). Pure."""
     m = max(max_lens)
