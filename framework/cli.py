@@ -43,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     sw = sweep_mod.load(Path(args.sweep))
+    sweep_mod.check_tokenizer(sw)
     spec = sw.spec
     console.print(f"[bold]vllm-sweep {__version__}[/bold]: sweep '{spec.name}' -> "
                   f"{sw.store.sweep_dir}/ ({len(sw.space.parameters)} parameters, "
@@ -194,6 +195,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     sw = sweep_mod.load(Path(args.sweep))
     print(f"{args.sweep}: ok (sweep '{sw.spec.name}', {len(sw.space.parameters)} parameters)")
+    try:
+        sweep_mod.check_tokenizer(sw)
+    except ConfigError as exc:
+        print(f"note: `run` needs a tokenizer: {exc}")
     return 0
 
 

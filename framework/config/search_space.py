@@ -226,7 +226,7 @@ class SearchSpace(BaseModel):
 
 def load_search_space(path: Path) -> SearchSpace:
     """Read and validate a search-space file; every problem is a one-line ConfigError."""
-    return load_validated(path, SearchSpace)
+    return load_validated(path, SearchSpace, "search-space")
 
 
 def grid_values(space: SearchSpace, max_points: int = 4096) -> dict[str, list[Scalar]]:

@@ -325,4 +325,4 @@ class SweepSpec(_Spec):
 
 def load_sweep(path: Path) -> SweepSpec:
     """Read and validate a sweep file; every problem is a one-line ConfigError."""
-    return load_validated(path, SweepSpec)
+    return load_validated(path, SweepSpec, "sweep")

@@ -76,10 +76,34 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 Model = TypeVar("Model", bound=BaseModel)
 
+# The top-level keys only one kind of file has: a file with another kind's keys and none of
+# its own's was given in the wrong place.
+KIND_KEYS: dict[str, tuple[str, ...]] = {"sweep": ("model", "search_space"),
+                                         "search-space": ("parameters",)}
 
-def load_validated(path: Path, model: type[Model]) -> Model:
-    """Read a YAML file and validate it as `model`; every problem is a one-line ConfigError."""
+
+def wrong_kind(data: dict[str, Any], kind: str) -> tuple[str, list[str]] | None:
+    """(the kind `data` is, the keys that tell) when it is another kind of file than `kind`
+    (a key of KIND_KEYS); None when it may be `kind`. Pure."""
+    if any(k in data for k in KIND_KEYS[kind]):
+        return None
+    for other, keys in KIND_KEYS.items():
+        if other != kind and (found := [k for k in keys if k in data]):
+            return other, found
+    return None
+
+
+def load_validated(path: Path, model: type[Model], kind: str) -> Model:
+    """Read a YAML file and validate it as `model`, a file of `kind` (a key of KIND_KEYS);
+    every problem is a one-line ConfigError, and a file of another kind says so."""
     data = read_yaml(path)
+    if found := wrong_kind(data, kind):
+        other, keys = found
+        has = " and ".join(f"{k}:" for k in keys)
+        lacks = " or ".join(f"{k}:" for k in KIND_KEYS[kind])
+        raise ConfigError(str(path), "(top level)", keys[0],
+                          f"this is a {other} file (it has {has} and no {lacks}), given where a "
+                          f"{kind} file belongs")
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -127,3 +127,48 @@ def phase_means(trials: pd.DataFrame) -> PhaseMeans | None:
                       bench=mean(col("bench_s")),
                       overhead=mean((col("trial_s") - col("startup_s") - warmup
                                      - col("bench_s")).clip(lower=0)))
+
+
+def _cell(value: object) -> object:
+    """A stored cell as a plain Python value; None for null (NaN where a null number was read)."""
+    value = value.item() if hasattr(value, "item") else value
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def trial_params(trials: pd.DataFrame, number: int, params: Sequence[str]) -> dict[str, object]:
+    """Trial `number`'s parameter values as stored (null ones left out; {} if no such row)."""
+    row = trials[trials["trial_number"] == number]
+    if row.empty:
+        return {}
+    values = {p: _cell(row.iloc[0][param_column(p)]) for p in params
+              if param_column(p) in row}
+    return {p: v for p, v in values.items() if v is not None}
+
+
+def confirmation_candidates(trials: pd.DataFrame, params: Sequence[str], k: int,
+                            maximize: bool, skip_baseline: bool
+                            ) -> list[tuple[int, dict[str, object], bool]]:
+    """The k best COMPLETE, feasible trials that are not themselves re-measurements, one per
+    configuration (serve_command), as (number, parameters, is_baseline), best first."""
+    if trials.empty:
+        return []
+    ok = ok_trials(trials)
+    ok = ok[ok["confirmation_of"].isna()]
+    if skip_baseline:
+        ok = ok[ok["is_baseline"] != True]  # noqa: E712
+    top = ok.sort_values("objective", ascending=not maximize).drop_duplicates("serve_command")
+    return [(int(r["trial_number"]), trial_params(trials, int(r["trial_number"]), params),
+             bool(r["is_baseline"])) for _, r in top.head(k).iterrows()]
+
+
+def best_measured(trials: pd.DataFrame, maximize: bool) -> float | None:
+    """The best objective of a COMPLETE, feasible trial measured in full (not stopped early)."""
+    if trials.empty:
+        return None
+    ok = ok_trials(trials)
+    if "stopped_early" in ok:
+        ok = ok[ok["stopped_early"].isna()]
+    if ok.empty:
+        return None
+    values = ok["objective"].astype(float)
+    return float(values.max() if maximize else values.min())

@@ -1,4 +1,5 @@
-"""A sweep end to end: its files loaded and cross-checked (`loader`), the ask -> place ->
+"""A sweep end to end: its files loaded and cross-checked (`loader`; every value a flag can
+take, `value_checks`; the parts against each other, `cross_checks`), the ask -> place ->
 trial -> record -> tell loop (`runner`), one asked trial's flags, shape, bundles and server key
 worked out once (`trial_plan`), servers kept for reuse and stopped in the background
 (`server_pool`), the cost estimate (`plan`) and the cluster check before a sweep (`doctor`)."""

@@ -25,13 +25,14 @@ from framework.engine.feasibility import ModelFacts
 from framework.engine.feasibility import check
 from framework.engine.feasibility import check_cpu
 from framework.engine.feasibility import read_model_facts
-from framework.engine.flag_check import installed_vllm_flags
-from framework.engine.flag_check import unknown_flag
 from framework.engine.model_info import read_model_info
 from framework.load.workload import Dataset
 from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
 from framework.results.store import ResultStore
+from framework.sweep.cross_checks import check_cross
+from framework.sweep.value_checks import check_flag_values
+from framework.sweep.value_checks import check_run_settings
 from framework.trial.capacity import CapacitySettings
 from framework.trial.measure import CapacityPlan
 from framework.trial.measure import LoadPlan
@@ -55,8 +56,10 @@ class Sweep:
 
 def load(path: Path, check_flags: bool = True) -> Sweep:
     """Load and cross-check a sweep and its search space (ConfigError on any problem): files,
-    model facts (TP divides the heads), and, with `check_flags` (run, validate), flag names
-    against the installed vLLM and the API key's environment variable."""
+    model facts (TP divides the heads), and, with `check_flags` (run, validate, doctor:
+    everything checked before anything starts), flag names and every value a flag can take
+    against the installed vLLM (value_checks), run settings, the parts against each other
+    (cross_checks) and the API key's environment variable."""
     spec = load_sweep(path)
     if not spec.search_space.is_file():
         raise ConfigError(str(path), "search_space", str(spec.search_space), "file not found")
@@ -95,8 +98,23 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if spec.engine != "fake":  # FakeEngine serves no model and is no vLLM
         _check_tensor_parallel(path, spec, space)
         if check_flags:
-            _check_vllm_flags(path, spec, space)
+            check_flag_values(path, spec, space)
+    if check_flags:
+        check_run_settings(spec, space)
+        check_cross(path, spec, space, vllm_rules=spec.engine != "fake")
     return Sweep(path=path, spec=spec, space=space, facts=facts)
+
+
+def check_tokenizer(sw: Sweep) -> None:
+    """The load is built with tokenizer.json of workload.tokenizer, else of the model folder:
+    `run` needs one before anything starts (`validate` only notes its absence: a folder with
+    the model's config.json alone is enough to validate a GPU sweep)."""
+    folder = sw.spec.workload.tokenizer or sw.spec.model
+    if not (folder / "tokenizer.json").is_file():
+        key = "workload.tokenizer" if sw.spec.workload.tokenizer else "model"
+        raise ConfigError(str(sw.path), key, str(folder), "no tokenizer.json there: the load "
+                          "generator tokenizes the prompts with it (set workload.tokenizer to a "
+                          "folder with one)")
 
 
 def feasibility(sw: Sweep, flags: Mapping[str, Scalar | None],
@@ -132,17 +150,6 @@ def _check_tensor_parallel(path: Path, spec: SweepSpec, space: SearchSpace) -> N
     for tp in _tp_values(space):
         if problem := info.tp_problem(tp):
             raise ConfigError(str(spec.search_space), "parameters.tensor-parallel-size", tp, problem)
-
-
-def _check_vllm_flags(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
-    """Fixed args and searched parameters must be flags of the installed vLLM."""
-    known = installed_vllm_flags()
-    if known is None:
-        return
-    if bad := unknown_flag(spec.server.args, known):
-        raise ConfigError(str(path), f"server.args.{bad[0]}", bad[0], bad[1])
-    if bad := unknown_flag(space.server_params(space.parameters), known):
-        raise ConfigError(str(spec.search_space), f"parameters.{bad[0]}", bad[0], bad[1])
 
 
 CACHE_DIR_VAR = "VLLM_SWEEP_CACHE_DIR"

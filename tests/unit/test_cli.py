@@ -57,6 +57,40 @@ def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, tiny_model, text, k
     assert not (ROOT / "results" / "x").exists()
 
 
+SWEEP = "name: x\nmodel: models/tiny-llama\nsearch_space: SPACE\n"
+SPACE = "parameters:\n  max-num-seqs: {type: int, low: 1, high: 8, default: 8}\n"
+
+
+@pytest.mark.parametrize("sweep, space, file, line", [
+    (SWEEP + "server: {args: {max-model-len: abc}}\n", None, "bad.yaml",
+     "server.args.max-model-len: 'abc': vLLM's parser: argument --max-model-len: invalid"),
+    (SWEEP, "parameters:\n  kv-cache-dtype: {type: categorical, choices: [auto, fp9], "
+     "default: auto}\n",
+     "space.yaml", "parameters.kv-cache-dtype.choices: 'fp9': vLLM's parser: argument "
+     "--kv-cache-dtype: invalid choice: 'fp9'"),
+    # the default workload: 128-token prompts + 64 output tokens
+    (SWEEP + "server: {args: {max-model-len: 150}}\n", None, "bad.yaml",
+     "server.args.max-model-len: 150: requests of up to 128 prompt + 64 output = 192 tokens "
+     "exceed max-model-len 150 in every trial"),
+    (SPACE, None, "bad.yaml",
+     "(top level): 'parameters': this is a search-space file (it has parameters: and no "
+     "model: or search_space:), given where a sweep file belongs"),
+])
+def test_validate_refuses_a_bad_value_in_one_line(tmp_path, tiny_model, sweep, space, file, line):
+    """Issue #17 item 5: a bad value in server.args or in a search space, or parts that
+    contradict each other, fail `validate` in one line naming file, key and value."""
+    space_path = tmp_path / "space.yaml"
+    space_path.write_text(space or SPACE)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(sweep.replace("SPACE", str(space_path)))
+    res = vllm_sweep("validate", str(bad))
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"error: {tmp_path / file}: {line}"), lines[0]
+    assert "Traceback" not in res.stderr + res.stdout
+
+
 def test_bad_input_leaves_existing_results_untouched(tmp_path, tiny_model):
     results = tmp_path / "results" / "x"
     (results / "trials" / "sweep=x").mkdir(parents=True)

@@ -1,5 +1,6 @@
 """What the project ships, checked against the memory model: the GPU table's sizes, every
-search space and sweep loading, and the GPU sweeps starting at vLLM's defaults."""
+search space and sweep passing `validate`'s checks (every value against the installed vLLM),
+and the GPU sweeps starting at vLLM's defaults."""
 
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from framework.engine.feasibility import GPUS
 from framework.engine.feasibility import batch_defaults
 from framework.engine.feasibility import check
 from framework.engine.feasibility import read_model_facts
+from framework.engine.flag_check import value_problem
 from framework.sweep import loader as sweep
+from framework.sweep.value_checks import probe_values
 from tests.helpers import ROOT as REPO
 
 R1_70B = read_model_facts(REPO / "model_configs" / "deepseek-r1-distill-llama-70b")
@@ -51,14 +54,18 @@ GPU_OF_SPACE = {"llama70b_8xa100": A100, "llama8b_1xh100": H100, "llama70b_2x8_m
 
 
 @pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
-def test_every_shipped_search_space_loads(path):
-    assert load_search_space(path).parameters
+def test_every_shipped_search_space_loads_and_vllm_takes_its_values(path):
+    space = load_search_space(path)
+    assert space.parameters
+    for name in space.server_params(space.parameters):
+        for _, value in probe_values(space.parameters[name]):
+            assert value_problem(name, value) is None, (name, value)
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
-def test_every_shipped_sweep_loads(path, monkeypatch):
+def test_every_shipped_sweep_validates(path, monkeypatch):
     monkeypatch.chdir(REPO)
-    loaded = sweep.load(path.relative_to(REPO), check_flags=False)
+    loaded = sweep.load(path.relative_to(REPO))  # every check `validate` makes
     assert loaded.spec.name
     if path.stem in GPU_OF_SPACE:
         assert loaded.spec.gpu == GPU_OF_SPACE[path.stem].name
