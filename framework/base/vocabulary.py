@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -162,3 +163,10 @@ def label(key: str) -> str:
     if not unit or key.endswith(f"_{unit}"):
         return key
     return f"{key} ({unit})"
+
+
+def limits_text(sla: Mapping[str, float]) -> str:
+    """The SLA's upper bounds with their units: `p99_ttft_ms <= 500 ms, error_rate <= 1%`;
+    "none" for an empty SLA."""
+    return ", ".join(f"{key} <= {with_unit(key, float(limit))}" for key, limit in sla.items()) \
+        or "none"

@@ -37,7 +37,7 @@ def cut_short(row: Mapping[str, object]) -> bool:
     return not (isinstance(capacity, (int, float)) and capacity > 0)
 
 
-def _requests(row: Mapping[str, object]) -> str:
+def requests_done(row: Mapping[str, object]) -> str:
     """Requests a row's metrics cover (completed + failed), or "a few" if unknown."""
     try:
         return str(int(float(row["completed"]) + float(row["failed"])))  # type: ignore[arg-type]
@@ -59,6 +59,18 @@ def state_label(row: Mapping[str, object]) -> str:
     if row["state"] != "COMPLETE":
         return f"FAIL({row['fail_reason']})"
     return "feasible" if row["feasible"] == True else "SLA violated"  # noqa: E712
+
+
+def result_label(row: Mapping[str, object]) -> str:
+    """state_label, with the limits a violating trial broke (and by how much) and, for a load
+    stopped early, how many requests its metrics cover: `SLA violated: p99_ttft_ms 612 ms >
+    500 ms (+22%); stopped early after 12 requests`."""
+    text = state_label(row)
+    if text == "SLA violated" and _text(row.get("sla_violations")):
+        text += f": {_text(row.get('sla_violations'))}"
+    if cut_short(row):
+        text += f"; stopped early after {requests_done(row)} requests"
+    return text
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,7 @@ def baseline_for_gain(trials: pd.DataFrame) -> tuple[float | None, str | None]:
     if row.get("feasible") != True:  # noqa: E712
         broken = _text(row.get("sla_violations")) or "SLA violated"
         if cut_short(row):
-            broken += f"; load stopped early after {_requests(row)} requests"
+            broken += f"; load stopped early after {requests_done(row)} requests"
         return None, f"vLLM's defaults break your SLA ({broken})"
     if cut_short(row):
         return None, (f"the baseline trial {number} was stopped early "

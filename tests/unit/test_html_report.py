@@ -141,6 +141,10 @@ def test_param_importances_of_degenerate_and_real_studies(tmp_path):
     before = journal.read_bytes()
     importances = param_importances(journal, "x")
     assert importances == {"max-num-seqs": pytest.approx(1.0)}
+    # trials 2-5 (max-num-seqs 2, 8, 2, 8) left out, e.g. stopped early: 0 and 1 remain,
+    # with equal parameters
+    assert param_importances(journal, "x", exclude=range(2, 6)) == {}
+    assert param_importances(journal, "x", exclude=[2]) == importances
     assert journal.read_bytes() == before
 
 
