@@ -257,15 +257,16 @@ def test_sampler_ramps_up_then_keeps_the_interval(interval_s, first) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_short_load_has_three_samples_while_it_runs(metrics_server: str) -> None:
-    """0.6 s between start and stop (a load stopped early) at the default 0.5 s interval: the
-    ramp's scrapes at 0.1, 0.2, 0.3 s and the one at 0.5 s, between the two brackets."""
+def test_a_short_load_is_scraped_while_it_runs(metrics_server: str) -> None:
+    """0.8 s between start and stop (a load stopped early) at the default 0.5 s interval: the
+    ramp's scrapes at 0.1, 0.2, 0.3 s and the one at 0.5 s, between the two brackets (a scrape
+    every 0.5 s alone would have taken one; >= 2 leaves room for a stall on a busy machine)."""
     sampler = MetricsSampler(metrics_server).start()
-    time.sleep(0.6)
+    time.sleep(0.8)
     result = sampler.stop()
-    assert [s.bracket for s in result.samples][0] and result.samples[-1].bracket
-    assert summarize(result.samples)["metrics_samples"] >= 3, result.samples
+    assert result.samples[0].bracket and result.samples[-1].bracket
     assert sum(1 for s in result.samples if s.bracket) == 2
+    assert 2 <= summarize(result.samples)["metrics_samples"] <= 4, result.samples
 
 
 def test_sampler_rejects_bad_interval() -> None:
