@@ -27,6 +27,7 @@ from plotly.subplots import make_subplots
 
 from framework.base.vocabulary import THROUGHPUT_METRICS
 from framework.base.vocabulary import label
+from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
 from framework.config.specs import SweepSpec
 from framework.results.queries import cut_short_mask
@@ -158,11 +159,13 @@ def pareto_figure(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
     if done.empty:
         return None
     fig = go.Figure()
+    hover = (f"%{{text}}<br>{x_key} %{{x:.4g}} {unit_of(x_key)}<br>"
+             f"{y_key} %{{y:,.4g}} {unit_of(y_key)}<extra></extra>")
     for name, color, part in _by_verdict(done):
         fig.add_trace(go.Scatter(x=part["_x"].tolist(), y=part["_y"].tolist(), mode="markers",
                                  name=name, marker={"color": color, "size": 10},
                                  text=[_hover(r, params) for _, r in part.iterrows()],
-                                 hoverinfo="text+x+y"))
+                                 hovertemplate=hover))
     feasible = done[done["feasible"] == True]  # noqa: E712
     if not feasible.empty:
         front = pareto_front(list(zip(feasible["_x"], feasible["_y"])), [False, True])
@@ -233,6 +236,8 @@ def effects_figure(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
                                         + (" (log axis)" if p in log_params else "")
                                         for p in params])
     base = _baseline(done)
+    metric = spec.objective.metric
+    hover = f"%{{text}}<br>{metric} %{{y:,.4g}} {unit_of(metric)}<extra></extra>"
     for index, param in enumerate(params):
         at = {"row": index // cols + 1, "col": index % cols + 1}
         categories = None if param in log_params else _categories(done[param])
@@ -246,7 +251,8 @@ def effects_figure(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
             fig.add_trace(go.Scatter(x=xs, y=part["_y"].tolist(), mode="markers", name=name,
                                      legendgroup=name, showlegend=index == 0,
                                      marker={"color": color, "size": 9},
-                                     text=[_hover(r, params) for _, r in part.iterrows()]), **at)
+                                     text=[_hover(r, params) for _, r in part.iterrows()],
+                                     hovertemplate=hover), **at)
         if not base.empty:
             xs = [esc(v) if categories else v for v in base[param].tolist()]
             fig.add_trace(_star(xs, base["_y"].tolist(), show=index == 0), **at)

@@ -78,6 +78,9 @@ def test_pareto_plot_leaves_out_a_load_stopped_early_and_joins_only_feasible_poi
     assert fig.layout.xaxis.title.text == "p99_ttft_ms"
     assert fig.layout.yaxis.title.text == "output_throughput (tok/s)"
     assert any("500 ms" in (a.text or "") for a in fig.layout.annotations)  # the SLA's limit
+    for trace in fig.data[:2]:  # a point's hover names its values' units
+        assert "p99_ttft_ms %{x:.4g} ms" in trace.hovertemplate
+        assert "output_throughput %{y:,.4g} tok/s" in trace.hovertemplate
 
 
 def test_pareto_without_a_feasible_point_draws_no_front():
@@ -93,6 +96,7 @@ def test_effects_put_a_log_parameter_on_a_log_axis_and_mark_the_baseline():
     assert fig.layout.xaxis.type == "log"  # max-num-seqs: log: true
     assert fig.layout.xaxis2.type == "category"  # a bool
     assert fig.layout.yaxis.title.text == "output_throughput (tok/s)"
+    assert "output_throughput %{y:,.4g} tok/s" in fig.data[0].hovertemplate
     first = [t for t in fig.data if t.xaxis == "x"]
     assert sorted(x for t in first if t.name != BASELINE_NAME for x in t.x) == [16, 32, 64, 128]
     assert [list(t.x) for t in first if t.name == BASELINE_NAME] == [[128]]
