@@ -1,9 +1,9 @@
 """`vllm-sweep` command line: thin argument parsing over the modules below.
 
 Exit codes: 0 success (a sweep that found no feasible configuration still exits 0), 1 `best`
-found no feasible trial, 2 bad input (one line naming file, key and value; `report` of a sweep
-without results), 3 cluster problem (or another driver runs the sweep, or a `doctor` check
-failed), 130 interrupted.
+has no configuration to print (the sweep has no results yet, or no feasible trial), 2 bad
+input (one line naming file, key and value; `report` of a sweep without results), 3 cluster
+problem (or another driver runs the sweep, or a `doctor` check failed), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from framework.config.specs import SweepSpec
 
 EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED = 2, 3, 130
+SWEEP_HELP = "sweep YAML file (e.g. sweeps/quickstart.yaml)"
 
 
 def _sigterm_as_interrupt(*_: object) -> None:
@@ -90,51 +91,69 @@ def cmd_status(args: argparse.Namespace) -> int:
     spec = sw.spec
     status = sweep_status(trials, spec.search.n_trials, list(sw.space.parameters),
                           spec.objective.direction == "maximize", spec.concurrent_trials or 1,
-                          live_driver(sw.store.sweep_dir / "driver.json"))
+                          live_driver(sw.store.sweep_dir / "driver.json"), spec.objective.metric)
     print("\n".join(status.lines(spec.name, spec.objective.metric)))
+    if trials.empty:
+        print(f"  no results yet in {sw.store.sweep_dir}")
     return 0
 
 
 def cmd_best(args: argparse.Namespace) -> int:
+    """The best configuration on stdout (a `vllm serve` command or YAML), and on stderr the
+    trial, its objective value and the verdict on its gain over the baseline (results.verdict),
+    so `$(vllm-sweep best ...)` is the command alone. Exit 1 when there is nothing to print."""
+    from framework.base.vocabulary import with_unit
     from framework.results.console import best_trial
+    from framework.results.console import confirmed_scores
     from framework.results.status import best_as_yaml
+    from framework.results.verdict import decide
 
     sw, trials = _stored(args)
     spec, params = sw.spec, list(sw.space.parameters)
     maximize = spec.objective.direction == "maximize"
+    if trials.empty:
+        print(f"no results for sweep {spec.name} in {sw.store.sweep_dir}", file=sys.stderr)
+        return 1
     if args.pareto:
         return _print_pareto(spec, trials)
+    best = best_trial(trials, params, maximize)
+    if best is None:
+        print(f"{spec.name}: no feasible trial yet ({len(trials)} trials in "
+              f"{sw.store.sweep_dir})", file=sys.stderr)
+        return 1
+    metric = spec.objective.metric
+    confirmed = " (mean with its confirmation run)" if confirmed_scores(trials) else ""
+    print(f"trial {best.number}: {metric} = {with_unit(metric, best.objective)}{confirmed}",
+          file=sys.stderr)
+    print(decide(trials, metric, maximize, spec.sla).headline, file=sys.stderr)  # the gain
     if args.format == "yaml":
         text = best_as_yaml(trials, params, maximize, dict(spec.server.args), str(spec.model),
-                            sw.space.run_params)
+                            sw.space.run_params) or ""
     else:
-        best = best_trial(trials, params, maximize) if not trials.empty else None
-        text = best.serve_command if best else None
-    if text is None:
-        print(f"{spec.name}: no feasible trial yet", file=sys.stderr)
-        return 1
+        text = best.serve_command
     print(text.rstrip())
     return 0
 
 
 def _print_pareto(spec: SweepSpec, trials: Any) -> int:  # trials: a pandas DataFrame (results/ owns pandas)
+    from framework.base.vocabulary import with_unit
     from framework.results.status import pareto_trials
 
     metrics = list(spec.objective.metrics)
-    front = pareto_trials(trials, metrics, list(spec.objective.directions)) \
-        if not trials.empty else trials
+    front = pareto_trials(trials, metrics, list(spec.objective.directions))
     if front.empty:
         print(f"{spec.name}: no feasible trial yet", file=sys.stderr)
         return 1
     print(f"Pareto front of {', '.join(metrics)} ({len(front)} feasible trials):")
     for _, row in front.iterrows():
-        values = "  ".join(f"{m}={float(row[m]):.4g}" for m in metrics)
+        values = "  ".join(f"{m}={with_unit(m, float(row[m]))}" for m in metrics)
         print(f"trial {int(row['trial_number'])}: {values}\n  {row['serve_command']}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from framework.results.html_report import render_report
+    from framework.results.queries import cut_short_mask
     from framework.search.tuner import param_importances
 
     sw, trials = _stored(args)
@@ -142,9 +161,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"error: sweep '{sw.spec.name}' has no results yet in {sw.store.sweep_dir}",
               file=sys.stderr)
         return EXIT_BAD_INPUT
-    importances = param_importances(sw.store.journal_path, sw.spec.name)
+    # a load stopped early measured a fraction of the requests: its value is not the
+    # configuration's, so it does not rank the parameters either
+    early = [int(n) for n in trials[cut_short_mask(trials)]["trial_number"]]
+    importances = param_importances(sw.store.journal_path, sw.spec.name, exclude=early)
     out = Path(args.out) if args.out else sw.store.sweep_dir / "report.html"
-    print(render_report(trials, sw.spec, importances, out))
+    print(render_report(trials, sw.spec, importances, out, space=sw.space))
     return 0
 
 
@@ -266,38 +288,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vllm-sweep", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="vllm-sweep",
+        description="Find the best vLLM serving configuration for a model, a workload and an "
+        "SLA: a search over vLLM's flags, each trial a real server under load.",
+        epilog="Exit codes: 0 success; 1 `best` has nothing to print (no results yet, or no "
+        "feasible trial); 2 bad input (one line naming file, key and value); 3 cluster problem "
+        "(or another driver runs the sweep, or a `doctor` check failed); 130 interrupted.")
     p.add_argument("--version", action="version", version=f"vllm-sweep {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="one of the commands below; `vllm-sweep COMMAND --help` "
+                           "lists its arguments")
     run = sub.add_parser("run", help="run (or resume) a sweep")
-    run.add_argument("sweep", help="sweep YAML file")
+    run.add_argument("sweep", help=SWEEP_HELP)
     run.add_argument("--add-trials", type=int, default=0, metavar="N",
                      help="run N trials beyond those the study already holds")
     run.set_defaults(fn=cmd_run)
     val = sub.add_parser("validate", help="check a sweep and its search space; start nothing")
-    val.add_argument("sweep")
+    val.add_argument("sweep", help=SWEEP_HELP)
     val.set_defaults(fn=cmd_validate)
     st = sub.add_parser("status", help="progress of a running, finished or killed sweep, from "
                         "its stored results")
-    st.add_argument("sweep")
+    st.add_argument("sweep", help=SWEEP_HELP)
     st.set_defaults(fn=cmd_status)
     be_ = sub.add_parser("best", help="the best feasible configuration as a `vllm serve` "
-                         "command or as YAML")
-    be_.add_argument("sweep")
-    be_.add_argument("--format", choices=("command", "yaml"), default="command")
+                         "command or as YAML",
+                         description="Prints the best feasible configuration on stdout and its "
+                         "trial, objective value and gain over the baseline on stderr. Exit 1 "
+                         "when the sweep has no results yet or no feasible trial.")
+    be_.add_argument("sweep", help=SWEEP_HELP)
+    be_.add_argument("--format", choices=("command", "yaml"), default="command",
+                     help="command: a pasteable `vllm serve` line; yaml: the trial, objective, "
+                     "every flag and run setting (default: command)")
     be_.add_argument("--pareto", action="store_true",
                      help="every feasible trial on the Pareto front of the objective and "
                      "objective.pareto_with metrics")
     be_.set_defaults(fn=cmd_best)
     rep = sub.add_parser("report", help="write the sweep's HTML report (plots, all trials, "
                          "diagnosis, failures) from its stored results")
-    rep.add_argument("sweep")
+    rep.add_argument("sweep", help=SWEEP_HELP)
     rep.add_argument("--out", default=None, metavar="PATH",
                      help="HTML file to write (default: <results_dir>/<sweep>/report.html)")
     rep.set_defaults(fn=cmd_report)
     pl = sub.add_parser("plan", help="size of the space, the share the feasibility model "
                         "lets through, and the expected wall time; starts nothing")
-    pl.add_argument("sweep")
+    pl.add_argument("sweep", help=SWEEP_HELP)
     pl.add_argument("--gpus", type=int, default=None, metavar="N",
                     help="GPUs of the target cluster (bounds TP x PP in the feasibility model)")
     pl.add_argument("--side-by-side", type=int, default=1, metavar="K",
@@ -319,9 +354,11 @@ def parser() -> argparse.ArgumentParser:
                     "RAY_ADDRESS, else a private local Ray)")
     dr.set_defaults(fn=cmd_doctor)
     bm = sub.add_parser("build-model", help="build the tiny local Llama the quickstart serves")
-    bm.add_argument("out", nargs="?", default="models/tiny-llama")
-    bm.add_argument("--seed", type=int, default=0)
-    bm.add_argument("--force", action="store_true")
+    bm.add_argument("out", nargs="?", default="models/tiny-llama",
+                    help="folder to write the model to (default: models/tiny-llama)")
+    bm.add_argument("--seed", type=int, default=0,
+                    help="seed of the random weights (default: 0)")
+    bm.add_argument("--force", action="store_true", help="build again over an existing model")
     bm.set_defaults(fn=cmd_build_model)
     from framework.load.bench import add_cli_args as add_bench_args  # imports only the stdlib
 

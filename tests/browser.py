@@ -1,9 +1,11 @@
 """Render an HTML report in the machine's headless Chromium (Debian's package, `make browser`)
 through the python playwright package; no browser is downloaded and nothing leaves the machine.
 
-`render` loads a file, waits for its plotly plots, and reports console errors, page errors and
-the number of rendered plots; `check_report` adds the assertions every report must pass and
-`check_sweep_report` runs `vllm-sweep report` on a sweep first (for end-to-end tests).
+`render` loads a file in a 1400 x 900 px window, waits for its plotly plots, and reports console
+errors, page errors, the number of rendered plots and the trial table's layout (TABLE_LAYOUT_JS);
+`check_report` adds the assertions every report must pass (among them: the table fits the
+window or scrolls inside its box, so no column is cut off) and `check_sweep_report` runs
+`vllm-sweep report` on a sweep first (for end-to-end tests).
 """
 
 from __future__ import annotations
@@ -28,6 +30,27 @@ PLOTS_RENDERED_JS = """() => {
 }"""
 COUNT_PLOTS_JS = ("() => [...document.querySelectorAll('.js-plotly-plot')]"
                   ".filter(d => d.querySelector('svg.main-svg')).length")
+VIEWPORT = {"width": 1400, "height": 900}
+# The trial table's box scrolled to its right end: what a reader can reach of the table.
+TABLE_LAYOUT_JS = """() => {
+  const table = document.getElementById('trials');
+  if (!table) return null;
+  const box = table.parentElement;
+  box.scrollLeft = box.scrollWidth;
+  const heads = [...table.querySelectorAll('thead th')];
+  const last = heads[heads.length - 1].getBoundingClientRect();
+  const rect = box.getBoundingClientRect();
+  const style = getComputedStyle(box);
+  const out = {pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
+               boxLeft: rect.left, boxRight: rect.right, boxWidth: box.clientWidth,
+               tableWidth: table.scrollWidth, overflowX: style.overflowX,
+               lastHeadRight: last.right, lastHeadLeft: last.left,
+               headers: heads.map(h => h.textContent)};
+  box.scrollLeft = 0;
+  return out;
+}"""
+AXIS_TITLES_JS = ("() => [...document.querySelectorAll('.js-plotly-plot .xtitle, "
+                  ".js-plotly-plot .ytitle')].map(t => t.textContent)")
 _EXTERNAL = re.compile(
     r"""<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*["']?(?:https?:)?//""", re.IGNORECASE)
 
@@ -38,6 +61,8 @@ class RenderResult:
     page_errors: list[str]
     plot_count: int
     title: str
+    table: dict | None = None  # TABLE_LAYOUT_JS's measures; None without a trial table
+    axis_titles: tuple[str, ...] = ()
 
 
 def external_references(text: str) -> list[str]:
@@ -57,7 +82,7 @@ def render(html: Path, screenshot: Path, timeout_s: float = 60.0) -> RenderResul
     with tempfile.TemporaryDirectory(prefix="vst-chromium-") as profile, sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1400, "height": 900}, offline=True)
+            viewport=VIEWPORT, offline=True)
         try:
             page = context.new_page()
             page.on("console",
@@ -70,11 +95,25 @@ def render(html: Path, screenshot: Path, timeout_s: float = 60.0) -> RenderResul
                 pass
             plot_count = int(page.evaluate(COUNT_PLOTS_JS))
             title = page.title()
+            table = page.evaluate(TABLE_LAYOUT_JS)
+            axis_titles = tuple(page.evaluate(AXIS_TITLES_JS))
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
         finally:
             context.close()
-    return RenderResult(console_errors, page_errors, plot_count, title)
+    return RenderResult(console_errors, page_errors, plot_count, title, table, axis_titles)
+
+
+def assert_table_reachable(table: dict | None) -> None:
+    """The page is no wider than the window, and the trial table fits its box or the box
+    scrolls sideways far enough to show the last column whole."""
+    assert table is not None, "no trial table"
+    assert table["pageWidth"] <= table["viewport"], table  # nothing runs off the page
+    assert table["boxRight"] <= table["viewport"], table
+    if table["tableWidth"] > table["boxWidth"]:
+        assert table["overflowX"] in ("auto", "scroll"), table
+        assert table["boxLeft"] - 1 <= table["lastHeadLeft"], table
+        assert table["lastHeadRight"] <= table["boxRight"] + 1, table
 
 
 def check_report(html: Path, min_plots: int = 3) -> RenderResult:
@@ -88,6 +127,8 @@ def check_report(html: Path, min_plots: int = 3) -> RenderResult:
     assert result.page_errors == [], result.page_errors
     assert result.plot_count >= min_plots, result
     assert shot.is_file() and shot.stat().st_size > 10_000, shot
+    if result.table is not None:
+        assert_table_reachable(result.table)
     return result
 
 

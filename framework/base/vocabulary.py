@@ -9,7 +9,10 @@ the THROUGHPUT_METRICS (maximized) for objectives.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,18 +93,80 @@ def is_throughput_metric(key: str) -> bool:
     return key in THROUGHPUT_METRICS
 
 
+# Units of the row columns (docs/RESULTS.md), as shown to a user: `unit_of` and `with_unit`.
+PERCENT = "%"
+_UNITS: dict[str, str] = {
+    **dict.fromkeys(("output_throughput", "total_token_throughput", "output_throughput_per_gpu",
+                     "max_output_tokens_per_s"), "tok/s"),
+    **dict.fromkeys(("request_throughput", "request_goodput", "request_goodput_per_gpu",
+                     "capacity_rps", "rate"), "req/s"),
+    **dict.fromkeys(("error_rate", "kv_cache_usage_max", "kv_cache_usage_mean",
+                     "prefix_cache_hit_rate", "objective_cv", "precision_target",
+                     "ci95_halfwidth", "ci95_halfwidth_within", "ci95_halfwidth_server"),
+                    PERCENT),
+    **dict.fromkeys(("total_input_tokens", "total_output_tokens", "est_kv_tokens_capacity",
+                     "prompt_tokens", "output_tokens"), "tok"),
+    **dict.fromkeys(("completed", "failed", "max_concurrent_requests", "running_requests_max",
+                     "waiting_requests_max"), "req"),
+    "duration": "s",
+}
+
+
 def unit_of(key: str) -> str:
-    """The unit of a metric or column: ms for `*_ms`; tok/s for token throughputs; req/s for
-    request throughputs, goodputs and capacity; s for times (`*_s`); "" for counts, fractions
-    and anything else."""
+    """The unit a metric's or column's values are shown in: `ms` for *_ms, `s` for other times
+    (*_s, duration), `tok/s` for token throughputs, `req/s` for request throughputs, goodputs,
+    capacity and rates, `%` for fractions (shown x 100: in_unit), `tok` / `req` for token and
+    request counts, `GiB` for *_gib_*; a `<key>_ci95_high` / `_ci95_low` column has its key's
+    unit. "": no unit (parameters, identifiers, other counts, `objective`, whose unit is its
+    metric's)."""
+    for suffix in ("_ci95_high", "_ci95_low"):
+        if key.endswith(suffix) and key != "objective" + suffix:
+            return unit_of(key.removesuffix(suffix))
+    if key in _UNITS:
+        return _UNITS[key]
     if key.endswith("_ms"):
         return "ms"
-    if key in ("output_throughput", "total_token_throughput", "max_output_tokens_per_s",
-               "output_throughput_per_gpu"):
-        return "tok/s"
-    if key in ("request_throughput", "request_goodput", "request_goodput_per_gpu",
-               "capacity_rps"):
-        return "req/s"
-    if key.endswith("_s") or key == "duration":
+    if "_gib_" in key or key.endswith("_gib"):
+        return "GiB"
+    if key.endswith("_s"):
         return "s"
     return ""
+
+
+def in_unit(key: str, value: float) -> float:
+    """`value` expressed in unit_of(key): fractions x 100 for `%`, else unchanged."""
+    return value * 100.0 if unit_of(key) == PERCENT else value
+
+
+def with_unit(key: str, value: object, digits: int = 4) -> str:
+    """`value` of `key` as shown to a user, with its unit: 612.3 ms, 40% (a fraction 0.4),
+    5,272 tok/s, 200 req; `digits` significant digits below 1000, whole and with thousands
+    separators above (never in exponent form); "-" for None or NaN; text and booleans as
+    they are."""
+    if value is None or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return "-" if value is None else str(value)
+    number = float(value)
+    if math.isnan(number):
+        return "-"
+    number = in_unit(key, number)
+    text = f"{number:,.0f}" if abs(number) >= 1000 else f"{number:.{digits}g}"
+    unit = unit_of(key)
+    if not unit:
+        return text
+    return f"{text}{unit}" if unit == PERCENT else f"{text} {unit}"
+
+
+def label(key: str) -> str:
+    """A column's name with its unit, for a table header or a plot axis: `output_throughput
+    (tok/s)`; unchanged when it has no unit or its name already ends with it (`p99_ttft_ms`)."""
+    unit = unit_of(key)
+    if not unit or key.endswith(f"_{unit}"):
+        return key
+    return f"{key} ({unit})"
+
+
+def limits_text(sla: Mapping[str, float]) -> str:
+    """The SLA's upper bounds with their units: `p99_ttft_ms <= 500 ms, error_rate <= 1%`;
+    "none" for an empty SLA."""
+    return ", ".join(f"{key} <= {with_unit(key, float(limit))}" for key, limit in sla.items()) \
+        or "none"

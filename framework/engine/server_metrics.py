@@ -1,12 +1,17 @@
 """vLLM's Prometheus ``/metrics`` during a measured run: a sampler thread and a pure summary.
 
-The sampler fetches ``GET {base_url}/metrics`` every ``interval_s`` (0.5 s) from its own
-thread with framework.load.http_client (``get_sync``), keeps only the lines of WATCHED, and
-parses them with ``prometheus_client.parser.text_string_to_metric_families``. Its cost on the
-project's 2-core machine: ~0.7 ms of client CPU per sample (fetch of the ~58 KB page ~0.5 ms,
-its event loop included + filtered parse ~0.22 ms; parsing the whole text would be ~7 ms)
-and ~4 ms of the vLLM API server's CPU to render the page, i.e. ~0.15% and ~0.8% of one
-core at 2 Hz.
+The sampler fetches ``GET {base_url}/metrics`` once before the load, at RAMP_S (0.1, 0.2 and
+0.3 s into it) and then every ``interval_s`` (0.5 s, 1.0 s, ...) on the clock, and once after
+it, so a load stopped early (its SLA surely broken, often under a second) is still seen while
+its requests are in flight. Measured on the project's shared 2-core machine (load average ~7,
+20 loads each, a 60 KiB page): loads of 0.5 s got 3-4 scrapes during the load, loads of 0.7 s
+a median of 4 (range 1-4, fewer than 3 in 1 of 20); a scrape every 0.5 s alone got 0-1.
+It scrapes from its own thread with framework.load.http_client (``get_sync``), keeps only the
+lines of WATCHED, and parses them with ``prometheus_client.parser.text_string_to_metric_families``.
+Its cost on the project's 2-core machine: ~0.7 ms of client CPU per sample (fetch of the
+~58 KB page ~0.5 ms, its event loop included + filtered parse ~0.22 ms; parsing the whole text
+would be ~7 ms) and ~4 ms of the vLLM API server's CPU to render the page, i.e. ~0.15% and
+~0.8% of one core at 2 Hz (the ramp adds 3 scrapes per load: ~12 ms of server CPU, once).
 The thread's own CPU time is reported (``SamplerResult.cpu_s``).
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,17 +49,22 @@ SERVER_METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("waiting_requests_max", "int"),
     ("running_requests_max", "int"),
     ("queue_time_mean_s", "float"),
+    ("metrics_samples", "int"),
 )
 
 DEFAULT_INTERVAL_S = 0.5
+RAMP_S: tuple[float, ...] = (0.1, 0.2, 0.3)
+"""Seconds into the load of the first scrapes, those below the interval (then every interval)."""
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One scrape: the clock at the scrape and the WATCHED values found in it."""
+    """One scrape: the clock at the scrape and the WATCHED values found in it; `bracket`: the
+    scrape just before or just after the load (its gauges show the idle server)."""
 
     t_s: float
     values: Mapping[str, float]
+    bracket: bool = False
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -97,6 +108,8 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
     - waiting_requests_max / running_requests_max: max of vllm:num_requests_waiting / _running
     - queue_time_mean_s: delta sum / delta count of vllm:request_queue_time_seconds
       (None if no request left the queue in the run)
+    - metrics_samples: the samples taken during the load (not `bracket`): the gauges' peaks
+      rest on these alone
     Counter deltas need two samples; a counter that went down (server restart) counts 0.
     """
 
@@ -120,6 +133,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
         "running_requests_max": int(max(running)) if running else None,
         "queue_time_mean_s": (queue_sum / queue_count
                               if queue_count and queue_sum is not None else None),
+        "metrics_samples": sum(1 for s in samples if not s.bracket),
     }
 
 
@@ -146,8 +160,9 @@ class MetricsSampler:
     """Samples ``{base_url}/metrics`` from a daemon thread between ``start()`` and ``stop()``.
 
     ``start()`` scrapes once before returning (the baseline for counter deltas), ``stop()``
-    once more after the thread ends, so the samples bracket the run. A failed scrape is
-    counted, never raised. ``fetch`` and ``clock`` can be replaced (tests).
+    once more after the thread ends, so the samples bracket the run (both marked `bracket`);
+    the thread scrapes at the RAMP_S offsets below ``interval_s``, then every ``interval_s``.
+    A failed scrape is counted, never raised. ``fetch`` and ``clock`` can be replaced (tests).
     """
 
     def __init__(self, base_url: str, interval_s: float = DEFAULT_INTERVAL_S,
@@ -161,13 +176,15 @@ class MetricsSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._t0 = 0.0
         self.result = SamplerResult()
 
-    def _scrape(self) -> None:
+    def _scrape(self, bracket: bool = False) -> None:
         cpu0 = time.thread_time()
         try:
             t_s = self._clock()
-            sample = Sample(t_s=t_s, values=parse_metrics(self._fetch(self.url, self.timeout_s)))
+            sample = Sample(t_s=t_s, values=parse_metrics(self._fetch(self.url, self.timeout_s)),
+                            bracket=bracket)
             with self._lock:
                 self.result.samples.append(sample)
         except Exception as exc:  # noqa: BLE001 - a failed scrape is data: counted, never raised
@@ -177,14 +194,35 @@ class MetricsSampler:
         with self._lock:
             self.result.cpu_s += time.thread_time() - cpu0
 
+    def offsets(self) -> Iterator[float]:
+        """When the thread scrapes, in seconds after start(): RAMP_S's offsets below the
+        interval, then every interval (0.1, 0.2, 0.3, 0.5, 1.0, 1.5, ...)."""
+        yield from (t for t in RAMP_S if t < self.interval_s)
+        k = 1
+        while True:
+            yield k * self.interval_s
+            k += 1
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        """Scrape at each offset from start(), on the clock (a slow scrape does not push the
+        later ones back); of offsets already passed, only the latest is kept."""
+        offsets = self.offsets()
+        offset = next(offsets)
+        while True:
+            upcoming = next(offsets)
+            now = time.monotonic() - self._t0
+            while upcoming <= now:
+                offset, upcoming = upcoming, next(offsets)
+            if self._stop.wait(max(0.0, offset - now)):
+                return
             self._scrape()
+            offset = upcoming
 
     def start(self) -> MetricsSampler:
         if self._thread is not None:
             raise RuntimeError("sampler already started")
-        self._scrape()
+        self._scrape(bracket=True)
+        self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)
         self._thread.start()
         return self
@@ -195,7 +233,7 @@ class MetricsSampler:
             raise RuntimeError("sampler not started")
         self._stop.set()
         self._thread.join()
-        self._scrape()
+        self._scrape(bracket=True)
         return self.result
 
     def __enter__(self) -> MetricsSampler:

@@ -53,8 +53,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     """The `bench` flags: names and defaults as `vllm bench serve`'s where the concept is shared."""
     a = p.add_argument
     a("--base-url", help="server URL, e.g. http://127.0.0.1:8000 (default: from --host/--port)")
-    a("--host", default="127.0.0.1")
-    a("--port", type=int, default=8000)
+    a("--host", default="127.0.0.1", help="server host (default: 127.0.0.1)")
+    a("--port", type=int, default=8000, help="server port (default: 8000)")
     a("--endpoint", default=None,
       help="completions | chat, or the path /v1/completions | /v1/chat/completions "
            "(default: completions; chat with --backend openai-chat)")
@@ -64,15 +64,16 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     a("--served-model-name", help="model name sent in requests (default: --model)")
     a("--tokenizer", help="folder holding tokenizer.json (default: --model)")
     a("--label", help="label stored in the result JSON")
-    a("--dataset-name", default="random", choices=["random", "sharegpt", "prefix-shared"])
+    a("--dataset-name", default="random", choices=["random", "sharegpt", "prefix-shared"],
+      help="where prompts come from (default: random)")
     a("--dataset-path", help="ShareGPT JSON or JSONL file (for --dataset-name sharegpt)")
-    a("--num-prompts", type=int, default=1000)
-    a("--seed", type=int, default=0)
+    a("--num-prompts", type=int, default=1000, help="requests to send (default: 1000)")
+    a("--seed", type=int, default=0, help="seed of the prompts and arrival times (default: 0)")
     a("--input-len", type=int, default=None, help="sets --random-input-len")
     a("--output-len", type=int, default=None,
       help="sets --random-output-len, --sharegpt-output-len and --prefix-repetition-output-len")
-    a("--random-input-len", type=int, default=1024)
-    a("--random-output-len", type=int, default=128)
+    a("--random-input-len", type=int, default=1024, help="random: prompt tokens (default: 1024)")
+    a("--random-output-len", type=int, default=128, help="random: output tokens (default: 128)")
     a("--random-range-ratio", type=float, default=0.0,
       help="input and output lengths uniform in [len*(1-r), len*(1+r)]")
     a("--sharegpt-output-len", type=int, default=None,
@@ -84,10 +85,12 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     a("--prefix-repetition-suffix-len", type=int, default=256,
       help="prefix-shared: tokens of each prompt's own suffix")
     a("--prefix-repetition-num-prefixes", type=int, default=10, help="prefix-shared: groups")
-    a("--prefix-repetition-output-len", type=int, default=128)
+    a("--prefix-repetition-output-len", type=int, default=128,
+      help="prefix-shared: output tokens (default: 128)")
     a("--request-rate", type=float, default=math.inf, help="requests/s; inf sends all at once")
     a("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
-    a("--max-concurrency", type=int, default=None)
+    a("--max-concurrency", type=int, default=None,
+      help="most requests in flight at once (default: no bound)")
     a("--num-warmups", type=int, default=0, help="requests sent first, not measured")
     a("--ignore-eos", action="store_true",
       help="always on for the synthetic datasets (random, prefix-shared), as vllm bench does")
@@ -104,8 +107,9 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     a("--result-json", default=None, help="write the result JSON to this file")
     a("--save-result", action="store_true", help="write the JSON under vllm bench's file name")
     a("--save-detailed", action="store_true", help="add per-request lists to the JSON")
-    a("--result-dir", default=None)
-    a("--result-filename", default=None)
+    a("--result-dir", default=None, help="folder of --save-result's file (default: .)")
+    a("--result-filename", default=None,
+      help="file name for --save-result (default: vllm bench's pattern)")
     a("--disable-tqdm", action="store_true", help="accepted for compatibility (no progress bar)")
 
 

@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from framework.results.queries import (  # noqa: F401 - Best and best_trial re-exported
-    Best,
-    best_trial,
-    confirmed_scores,
-    state_label,
-)
+from framework.base.vocabulary import in_unit
+from framework.base.vocabulary import label
+from framework.base.vocabulary import limits_text
+from framework.base.vocabulary import with_unit
+from framework.results.queries import Best  # noqa: F401 - re-exported
+from framework.results.queries import best_trial  # noqa: F401 - re-exported
+from framework.results.queries import confirmed_scores  # noqa: F401 - re-exported
+from framework.results.queries import cut_short
+from framework.results.queries import cut_short_mask
+from framework.results.queries import requests_done
+from framework.results.queries import result_label
 from framework.results.rows import param_column
 from framework.results.verdict import SweepVerdict
 from framework.results.verdict import decide
@@ -83,21 +89,35 @@ class Progress:
         feasible = bool(row["feasible"])
         if feasible and (self.best is None or (obj > self.best if self.maximize else obj < self.best)):
             self.best = obj
-        verdict = "[green]feasible[/green]" if feasible else f"[yellow]infeasible[/yellow] ({row['sla_violations']})"
-        self._line(f"  trial {number}: {self.objective}={_fmt(obj)} {ttft_key}={_fmt(row.get(ttft_key))} "
-                   f"{tpot_key}={_fmt(row.get(tpot_key))} {verdict}; ready in {_fmt(row['startup_s'], 3)} s; "
-                   f"best feasible so far {_fmt(self.best)}")
+        verdict = ("[green]feasible[/green]" if feasible
+                   else f"[yellow]infeasible[/yellow] ({row['sla_violations']})")
+        early = (f" [cyan]stopped early after {requests_done(row)} requests[/cyan]"
+                 if cut_short(row) else "")
+        self._line(f"  trial {number}: {self.objective}={with_unit(self.objective, obj)} "
+                   f"{ttft_key}={with_unit(ttft_key, row.get(ttft_key))} "
+                   f"{tpot_key}={with_unit(tpot_key, row.get(tpot_key))} {verdict}{early}; "
+                   f"ready in {with_unit('startup_s', row['startup_s'], 3)}; "
+                   f"best feasible so far {with_unit(self.objective, self.best)}")
+
+
+def _cell(column: str, value: object) -> str:
+    """A number in the unit its header names (fractions as percentages)."""
+    if isinstance(value, float) and not math.isnan(value):
+        return _fmt(in_unit(column, value))
+    return _fmt(value)
 
 
 def trials_table(trials: pd.DataFrame, params: Sequence[str], columns: Sequence[str]) -> Table:
-    """One row per trial: parameters, the objective and SLA metrics, and the verdict."""
+    """One row per trial: parameters, the objective and SLA metrics (units in the headers),
+    and the result (result_label)."""
     table = Table(title="Trials")
-    for name in ["#", *params, *columns, "result"]:
+    for name in ["#", *params, *[label(c) for c in columns], "result"]:
         table.add_column(name, justify="left" if name == "result" else "right", overflow="fold")
-    for _, row in trials.iterrows():
-        label = f"{int(row['trial_number'])}{'*' if row['is_baseline'] else ''}"
-        table.add_row(label, *[_fmt(row[param_column(p)]) for p in params],
-                      *[_fmt(row[c]) for c in columns], state_label(row))
+    for _, series in trials.iterrows():
+        row = series.to_dict()
+        number = f"{int(row['trial_number'])}{'*' if row['is_baseline'] else ''}"
+        table.add_row(number, *[_fmt(row[param_column(p)]) for p in params],
+                      *[_cell(c, row[c]) for c in columns], result_label(row))
     table.caption = "* baseline: vLLM's defaults (no tuned flag passed)"
     return table
 
@@ -112,8 +132,9 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
         return None
     shown = [objective, *[k for k in sla if k != objective and k in trials.columns]]
     console.print(trials_table(trials, params, shown))
-    limits = ", ".join(f"{k} <= {v:g}" for k, v in sla.items()) or "none"
-    console.print(f"SLA: {limits}")
+    if (early := stopped_early_line(trials)) is not None:
+        console.print(early)
+    console.print(f"SLA: {limits_text(sla)}")
     if (noise := noise_line(trials)) is not None:
         console.print(noise)
     verdict = decide(trials, objective, maximize, sla)
@@ -128,6 +149,17 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
     console.print("Command:")
     console.print(f"  {row['serve_command']}", highlight=False, soft_wrap=True)
     return verdict
+
+
+def stopped_early_line(trials: pd.DataFrame) -> str | None:
+    """Which trials' metrics come from a load stopped early (their SLA surely broken after a
+    few requests): their throughputs cover a fraction of the load."""
+    early = trials[cut_short_mask(trials)] if not trials.empty else trials
+    if early.empty:
+        return None
+    numbers = ", ".join(str(int(n)) for n in early["trial_number"])
+    return (f"Stopped early (SLA surely broken): trial{'s' if len(early) > 1 else ''} {numbers}; "
+            "their metrics cover only the requests before the stop.")
 
 
 def noise_line(trials: pd.DataFrame) -> str | None:

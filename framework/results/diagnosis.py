@@ -8,14 +8,17 @@ request metrics of the row. They are tried in this order; the first that holds i
 1. not_measured: the trial did not COMPLETE, or its row holds no request metrics or no
    server metric at all.
 2. too_many_sequences: preemptions / completed requests > PREEMPTION_RATE_LIMIT.
-3. kv_cache_exhausted: kv_cache_usage_max >= KV_EXHAUSTED_AT and waiting_requests_max > 0.
-4. batch_too_small: running_requests_max < BATCH_FILL_LOW x max_concurrent_requests (the
+3. too_few_samples: fewer than MIN_LOAD_SAMPLES scrapes of /metrics were taken during the load
+   (`metrics_samples`; a load stopped early can last under a second): the peaks below would
+   rest on an idle server, so no rule on them is stated. Rows without the column skip this.
+4. kv_cache_exhausted: kv_cache_usage_max >= KV_EXHAUSTED_AT and waiting_requests_max > 0.
+5. batch_too_small: running_requests_max < BATCH_FILL_LOW x max_concurrent_requests (the
    client's peak of requests in flight) and kv_cache_usage_max < KV_MOSTLY_FREE_BELOW: the
    server ran few of the requests it was offered while memory was free (raise max-num-seqs /
    max-num-batched-tokens).
-5. prefill_too_slow: a TTFT limit of the SLA is exceeded while every TPOT and ITL limit holds
+6. prefill_too_slow: a TTFT limit of the SLA is exceeded while every TPOT and ITL limit holds
    (chunked prefill, prefix caching, a larger prefill budget).
-6. near_optimal: none of the above.
+7. near_optimal: none of the above.
 
 A rule whose inputs are missing (null / NaN) does not fire. The trial row holds the peaks of
 running and waiting requests, not their means (framework.engine.server_metrics), so the rules use peaks.
@@ -35,9 +38,11 @@ BATCH_FILL_LOW = 0.5
 """Peak running / peak in-flight requests below which the batch counts as too small."""
 KV_MOSTLY_FREE_BELOW = 0.5
 """Peak KV cache usage below which the cache counts as mostly free."""
+MIN_LOAD_SAMPLES = 3
+"""/metrics scrapes during the load below which its peaks cannot tell the batch or KV state."""
 
 VERDICTS = ("batch_too_small", "kv_cache_exhausted", "too_many_sequences", "prefill_too_slow",
-            "near_optimal", "not_measured")
+            "near_optimal", "too_few_samples", "not_measured")
 _SERVER_KEYS = ("kv_cache_usage_max", "kv_cache_usage_mean", "preemptions",
                 "waiting_requests_max", "running_requests_max", "queue_time_mean_s")
 
@@ -63,6 +68,11 @@ def _num(row: Mapping[str, object], key: str) -> float | None:
 
 def _f(value: float | None, spec: str = ".3g") -> str:
     return "n/a" if value is None else format(value, spec)
+
+
+def _pct(fraction: float | None) -> str:
+    """A fraction as a percentage to 3 digits: 0.4 -> 40%, 0.987 -> 98.7%; n/a for None."""
+    return "n/a" if fraction is None else f"{fraction * 100:.3g}%"
 
 
 def _sla_state(row: Mapping[str, object], sla: Mapping[str, float], metric: str
@@ -101,10 +111,18 @@ def diagnose(row: Mapping[str, object], sla: Mapping[str, float] | None = None) 
             f"{preemptions:.0f} preemptions for {completed:.0f} completed requests "
             f"({preemptions / completed:.1%}, limit {PREEMPTION_RATE_LIMIT:.0%}): the batch "
             "holds more sequences than the KV cache can keep."))
+    scrapes = _num(row, "metrics_samples")
+    if scrapes is not None and scrapes < MIN_LOAD_SAMPLES:
+        load = _num(row, "bench_s")
+        during = f" during the {load:.2g} s load" if load is not None else " during the load"
+        return Diagnosis("too_few_samples", (
+            f"Too few /metrics samples ({scrapes:.0f}, at least {MIN_LOAD_SAMPLES} needed){during} "
+            f"to tell the batch or KV cache state; {_f(preemptions)} preemptions for "
+            f"{completed:.0f} completed requests."))
     if kv_max is not None and waiting is not None and kv_max >= KV_EXHAUSTED_AT and waiting > 0:
         return Diagnosis("kv_cache_exhausted", (
-            f"KV cache usage peaked at {kv_max:.2f} (limit {KV_EXHAUSTED_AT:.2f}) with up to "
-            f"{waiting:.0f} requests waiting."))
+            f"KV cache usage peaked at {_pct(kv_max)} (limit {_pct(KV_EXHAUSTED_AT)}) with up "
+            f"to {waiting:.0f} requests waiting."))
     if (running is not None and in_flight and kv_max is not None
             and running < BATCH_FILL_LOW * in_flight and kv_max < KV_MOSTLY_FREE_BELOW):
         seqs = _num(row, "param_max_num_seqs")
@@ -112,7 +130,7 @@ def diagnose(row: Mapping[str, object], sla: Mapping[str, float] | None = None) 
         return Diagnosis("batch_too_small", (
             f"At most {running:.0f} of {in_flight:.0f} in-flight requests ran at once "
             f"({running / in_flight:.0%}, below {BATCH_FILL_LOW:.0%}{cap}) while KV cache usage "
-            f"peaked at {kv_max:.2f}."))
+            f"peaked at {_pct(kv_max)}."))
     limits = sla or {}
     ttft_over, _ = _sla_state(row, limits, "ttft")
     tpot_over, tpot_held = _sla_state(row, limits, "tpot")
@@ -126,6 +144,6 @@ def diagnose(row: Mapping[str, object], sla: Mapping[str, float] | None = None) 
         return Diagnosis("prefill_too_slow", (
             f"{', '.join(ttft_over)} exceeds the SLA{decode_text}{share}."))
     return Diagnosis("near_optimal", (
-        f"No bottleneck signal: KV cache usage peaked at {_f(kv_max, '.2f')}, "
+        f"No bottleneck signal: KV cache usage peaked at {_pct(kv_max)}, "
         f"{_f(preemptions)} preemptions, up to {_f(running)} of {_f(in_flight)} in-flight "
         f"requests running and {_f(waiting)} waiting."))

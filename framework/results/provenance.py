@@ -15,7 +15,8 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 
 from framework.config.specs import SweepSpec

@@ -1,12 +1,14 @@
 """The queries every reader of a sweep's trial rows shares, defined once: the measured and
-feasible trials, a trial's state label, the best trial (after confirmation runs: the best
-confirmed mean) with its gain over the baseline, the Pareto front, and the phase means a time
-estimate starts from."""
+feasible trials, the trials whose metrics come from a load stopped early, a trial's state
+label, the best trial (after confirmation runs: the best confirmed mean) with its gain over a
+baseline that is COMPLETE, feasible and measured in full, the Pareto front, and the phase means
+a time estimate starts from."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -20,6 +22,37 @@ def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
     return trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
 
 
+def _text(value: object) -> str:
+    """A text cell as a string ("" for null / NaN)."""
+    return value if isinstance(value, str) else ""
+
+
+def cut_short(row: Mapping[str, object]) -> bool:
+    """True when the row's metrics come from a load stopped early (`stopped_early`: its SLA
+    surely broken after a few requests), so its throughputs cover a fraction of the load. In
+    capacity mode a trial with capacity_rps > 0 is measured at a step that held the SLA, which
+    ran in full, whatever earlier steps stopped."""
+    if not _text(row.get("stopped_early")):
+        return False
+    capacity = row.get("capacity_rps")
+    return not (isinstance(capacity, (int, float)) and capacity > 0)
+
+
+def requests_done(row: Mapping[str, object]) -> str:
+    """Requests a row's metrics cover (completed + failed), or "a few" if unknown."""
+    try:
+        return str(int(float(row["completed"]) + float(row["failed"])))  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return "a few"
+
+
+def cut_short_mask(trials: pd.DataFrame) -> pd.Series:
+    """cut_short of every row (all False without a `stopped_early` column)."""
+    if trials.empty or "stopped_early" not in trials:
+        return pd.Series(False, index=trials.index, dtype=bool)
+    return trials.apply(lambda r: cut_short(r.to_dict()), axis=1).astype(bool)
+
+
 def state_label(row: Mapping[str, object]) -> str:
     """PRUNED, INFEASIBLE (ruled out before launch), FAIL(<reason>), feasible or SLA violated."""
     if row["state"] in ("PRUNED", "INFEASIBLE"):
@@ -29,14 +62,59 @@ def state_label(row: Mapping[str, object]) -> str:
     return "feasible" if row["feasible"] == True else "SLA violated"  # noqa: E712
 
 
+def result_label(row: Mapping[str, object]) -> str:
+    """state_label, with the limits a violating trial broke (and by how much) and, for a load
+    stopped early, how many requests its metrics cover: `SLA violated: p99_ttft_ms 612 ms >
+    500 ms (+22%); stopped early after 12 requests`."""
+    text = state_label(row)
+    if text == "SLA violated" and _text(row.get("sla_violations")):
+        text += f": {_text(row.get('sla_violations'))}"
+    if cut_short(row):
+        text += f"; stopped early after {requests_done(row)} requests"
+    return text
+
+
 @dataclass(frozen=True)
 class Best:
+    """The best feasible trial; `gain` over the baseline is None when the baseline cannot
+    serve as one, and `baseline_note` then says why (baseline_objective is None too)."""
+
     number: int
     objective: float
     serve_command: str
     params: dict[str, object]
     baseline_objective: float | None
     gain: float | None
+    baseline_note: str | None = None
+
+
+def baseline_for_gain(trials: pd.DataFrame) -> tuple[float | None, str | None]:
+    """(the baseline's objective, None) when the first baseline trial is COMPLETE, feasible,
+    measured in full (not stopped early) and non-zero; else (None, why not), e.g. "vLLM's
+    defaults break your SLA (p99_tpot_ms 6.1 ms > 4.5 ms (+36%))"."""
+    if trials.empty or "is_baseline" not in trials:
+        return None, "no baseline trial"
+    base = trials[trials["is_baseline"] == True]  # noqa: E712
+    if "confirmation_of" in base:
+        base = base[base["confirmation_of"].isna()]
+    if base.empty:
+        return None, "no baseline trial"
+    row = base.sort_values("trial_number").iloc[0].to_dict()
+    number = int(row["trial_number"])
+    if row["state"] != "COMPLETE":
+        return None, f"the baseline trial {number} did not complete ({state_label(row)})"
+    if row.get("feasible") != True:  # noqa: E712
+        broken = _text(row.get("sla_violations")) or "SLA violated"
+        if cut_short(row):
+            broken += f"; load stopped early after {requests_done(row)} requests"
+        return None, f"vLLM's defaults break your SLA ({broken})"
+    if cut_short(row):
+        return None, (f"the baseline trial {number} was stopped early "
+                      f"({_text(row.get('stopped_early'))})")
+    objective = float(row["objective"])
+    if objective == 0 or math.isnan(objective):
+        return None, f"the baseline trial {number} measured an objective of {objective:g}"
+    return objective, None
 
 
 def confirmed_scores(trials: pd.DataFrame) -> dict[int, float]:
@@ -55,7 +133,8 @@ def confirmed_scores(trials: pd.DataFrame) -> dict[int, float]:
 
 
 def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> Best | None:
-    """The best COMPLETE and feasible trial, with its gain over the baseline trial if any.
+    """The best COMPLETE and feasible trial, with its gain over the baseline trial when that
+    can serve as one (baseline_for_gain; else gain None and the reason in baseline_note).
     After confirmation runs the best is chosen among the confirmed trials on the mean of
     their measurements (confirmed_scores), if any survived."""
     if trials.empty:
@@ -70,13 +149,13 @@ def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> B
     else:
         row = ok.loc[ok["objective"].idxmax() if maximize else ok["objective"].idxmin()]
         value = float(row["objective"])
-    base = trials[(trials["is_baseline"] == True) & (trials["state"] == "COMPLETE")]  # noqa: E712
-    base_obj = float(base["objective"].iloc[0]) if not base.empty else None
+    base_obj, note = baseline_for_gain(trials)
     return Best(number=int(row["trial_number"]), objective=value,
                 serve_command=str(row["serve_command"]),
                 params={p: row[param_column(p)] for p in params},
                 baseline_objective=base_obj,
-                gain=gain(value, base_obj, maximize) if base_obj is not None else None)
+                gain=gain(value, base_obj, maximize) if base_obj is not None else None,
+                baseline_note=note)
 
 
 def pareto_front(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[int]:

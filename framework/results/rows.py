@@ -7,18 +7,25 @@ ends in `_ms`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from framework import __version__
-from framework.results.diagnosis import diagnose
-from framework.engine.feasibility import Feasibility
-from framework.base.vocabulary import metric_names
-from framework.results.provenance import PROVENANCE_COLUMNS
-from framework.trial.objective import Verdict, error_rate
-from framework.config.search_space import BoolParam, CategoricalParam, FloatParam, IntParam, SearchSpace
-from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
 from framework.base.vocabulary import Scalar
+from framework.base.vocabulary import metric_names
+from framework.config.search_space import BoolParam
+from framework.config.search_space import CategoricalParam
+from framework.config.search_space import FloatParam
+from framework.config.search_space import IntParam
+from framework.config.search_space import Param
+from framework.config.search_space import SearchSpace
+from framework.engine.feasibility import Feasibility
+from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
+from framework.results.diagnosis import diagnose
+from framework.results.provenance import PROVENANCE_COLUMNS
+from framework.trial.objective import Verdict
+from framework.trial.objective import error_rate
 from framework.trial.run import TrialOutcome
 
 SCHEMA_VERSION = 2
@@ -43,7 +50,7 @@ def param_column(name: str) -> str:
     return "param_" + name.replace("-", "_")
 
 
-def _param_kind(param) -> str:
+def _param_kind(param: Param) -> str:
     if isinstance(param, BoolParam):
         return "bool"
     if isinstance(param, IntParam):

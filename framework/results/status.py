@@ -16,10 +16,19 @@ import pandas as pd
 import psutil
 import yaml
 
-from framework.results.queries import best_trial, ok_trials, pareto_front
-from framework.results.rows import param_column, plain
-from framework.engine.server_args import trial_flags
 from framework.base.vocabulary import Scalar
+from framework.base.vocabulary import with_unit
+from framework.engine.server_args import trial_flags
+from framework.results.queries import best_trial
+from framework.results.queries import cut_short_mask
+from framework.results.queries import ok_trials
+from framework.results.queries import pareto_front
+from framework.results.queries import result_label
+from framework.results.rows import param_column
+from framework.results.rows import plain
+
+SHOWN_VIOLATIONS = 5
+"""SLA-violating trials `status` names with their broken limits (the latest ones)."""
 
 
 @dataclass(frozen=True)
@@ -37,18 +46,25 @@ class Status:
     elapsed_s: float
     remaining_s: float | None
     driver_pid: int | None
+    stopped_early: int = 0  # COMPLETE trials whose load stopped early (SLA surely broken)
+    baseline: str | None = None  # the baseline trial's number, objective and result
+    violations: tuple[str, ...] = ()  # the latest SLA-violating trials and what they broke
 
     def lines(self, name: str, objective: str) -> list[str]:
         fails = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
-        best = (f"trial {self.best_trial}: {objective} = {self.best_objective:.4g}"
+        best = (f"trial {self.best_trial}: {objective} = "
+                f"{with_unit(objective, self.best_objective)}"
                 if self.best_trial is not None else "no feasible trial yet")
         remaining = "-" if self.remaining_s is None else f"~{self.remaining_s / 60:.1f} min"
         driver = f"running (pid {self.driver_pid})" if self.driver_pid else "not running"
+        early = f", stopped early {self.stopped_early}" if self.stopped_early else ""
         return [f"sweep {name}: {self.finished}/{self.target} trials finished; driver {driver}",
                 f"  complete {self.complete} (feasible {self.feasible}, SLA violated "
-                f"{self.infeasible}); infeasible (not launched) {self.rejected}; "
+                f"{self.infeasible}{early}); infeasible (not launched) {self.rejected}; "
                 + (f"pruned {self.pruned}; " if self.pruned else "") + f"failed: {fails}",
+                *([f"  baseline (vLLM's defaults): {self.baseline}"] if self.baseline else []),
                 f"  best feasible: {best}",
+                *[f"  SLA violated: {v}" for v in self.violations],
                 f"  elapsed {self.elapsed_s / 60:.1f} min; remaining {remaining}"]
 
 
@@ -64,7 +80,10 @@ def live_driver(state_file: Path) -> int | None:
 
 
 def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize: bool,
-                 concurrency: int, driver_pid: int | None) -> Status:
+                 concurrency: int, driver_pid: int | None,
+                 objective_metric: str | None = None) -> Status:
+    """The sweep's progress from its trial rows; `objective_metric` names the objective's unit
+    in the baseline and violation lines."""
     if trials.empty:
         return Status(0, target, 0, 0, 0, {}, 0, 0, None, None, 0.0, None, driver_pid)
     complete = trials[trials["state"] == "COMPLETE"]
@@ -76,6 +95,13 @@ def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize:
     mean_trial = trials["trial_s"].dropna().mean()
     remaining = None if pd.isna(mean_trial) else left * float(mean_trial) / max(1, concurrency)
     best = best_trial(trials, params, maximize)
+    objective = "objective" if objective_metric is None else objective_metric
+    violating = complete[complete["feasible"] == False].sort_values("trial_number")  # noqa: E712
+    violations = tuple(_trial_text(r.to_dict(), objective)
+                       for _, r in violating.tail(SHOWN_VIOLATIONS).iterrows())
+    if len(violating) > SHOWN_VIOLATIONS:
+        violations += (f"{len(violating) - SHOWN_VIOLATIONS} earlier trials not shown",)
+    base = trials[trials["is_baseline"] == True].sort_values("trial_number")  # noqa: E712
     return Status(finished=len(trials), target=target, complete=len(complete),
                   feasible=int((complete["feasible"] == True).sum()),  # noqa: E712
                   infeasible=int((complete["feasible"] == False).sum()),  # noqa: E712
@@ -84,7 +110,19 @@ def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize:
                   pruned=int((trials["state"] == "PRUNED").sum()),
                   best_objective=best.objective if best else None,
                   best_trial=best.number if best else None, elapsed_s=elapsed,
-                  remaining_s=remaining, driver_pid=driver_pid)
+                  remaining_s=remaining, driver_pid=driver_pid,
+                  stopped_early=int((cut_short_mask(trials)
+                                     & (trials["state"] == "COMPLETE")).sum()),
+                  baseline=(_trial_text(base.iloc[0].to_dict(), objective)
+                            if not base.empty else None),
+                  violations=violations)
+
+
+def _trial_text(row: dict, objective: str) -> str:
+    """`trial N: <objective> = <value with unit>, <result_label>` (no value unless COMPLETE)."""
+    value = (f"{objective} = {with_unit(objective, row.get('objective'))}, "
+             if row["state"] == "COMPLETE" else "")
+    return f"trial {int(row['trial_number'])}: {value}{result_label(row)}"
 
 
 def best_as_yaml(trials: pd.DataFrame, params: list[str], maximize: bool,

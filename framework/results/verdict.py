@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from framework.base.vocabulary import unit_of
+from framework.base.vocabulary import with_unit
 from framework.trial.precision import Noise
 from framework.trial.precision import pooled_noise
 from framework.trial.stats import t975
@@ -150,7 +151,7 @@ def sweep_noise(trials: pd.DataFrame) -> Noise:
 
 
 def _fmt(value: float, key: str) -> str:
-    return f"{number(value)} {unit_of(key)}".rstrip()
+    return with_unit(key, value)  # a fraction (error_rate) as a percentage
 
 
 def breaks(rows: pd.DataFrame, sla: Mapping[str, float]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -345,12 +346,14 @@ class Tuner:
         self.tell(proposal, Evaluation(objective=None, constraints={}, fail_reason=reason))
 
 
-def param_importances(journal: Path, study_name: str) -> dict[str, float]:
+def param_importances(journal: Path, study_name: str,
+                      exclude: Collection[int] = ()) -> dict[str, float]:
     """Optuna's parameter importances (normalized, highest first) for the primary objective,
     over the measured trials of the study in `journal` (COMPLETE without a failure reason:
-    configuration failures carry placeholder values), opened without writing to it, for the
-    parameters that differ among them; {} when the journal or study is missing, fewer than 2
-    trials were measured, no parameter differs, or Optuna cannot evaluate the study."""
+    configuration failures carry placeholder values; trial numbers in `exclude` left out, e.g.
+    loads stopped early), opened without writing to it, for the parameters that differ among
+    them; {} when the journal or study is missing, fewer than 2 trials were measured, no
+    parameter differs, or Optuna cannot evaluate the study."""
     if not journal.is_file():
         return {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -360,7 +363,7 @@ def param_importances(journal: Path, study_name: str) -> dict[str, float]:
     except KeyError:
         return {}
     measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if FAIL_REASON_ATTR not in t.user_attrs]
+                if FAIL_REASON_ATTR not in t.user_attrs and t.number not in exclude]
     names = sorted({name for t in measured for name in t.params})
     varying = [n for n in names if len({repr(t.params.get(n)) for t in measured}) > 1]
     if len(measured) < 2 or not varying:

@@ -15,8 +15,11 @@ import numpy as np
 
 from framework.base.vocabulary import COUNT_METRICS
 from framework.base.vocabulary import PEAK_METRICS
+from framework.base.vocabulary import PERCENT
 from framework.base.vocabulary import SLO_METRICS
 from framework.base.vocabulary import parse_latency_key
+from framework.base.vocabulary import unit_of
+from framework.base.vocabulary import with_unit
 from framework.trial.stats import combine
 from framework.trial.stats import mean_ci
 
@@ -59,6 +62,24 @@ def goodput_slo_ms(sla: Mapping[str, float]) -> dict[str, float]:
     return slo
 
 
+def violation_text(key: str, value: float, limit: float) -> str:
+    """One broken SLA limit, which and by how much: `p99_tpot_ms 6.12 ms > 4.5 ms (+36%)`, the
+    excess relative to the limit; for a fraction (error_rate) the excess in percentage points,
+    `error_rate 5% > 1% (+4 points)`."""
+    if unit_of(key) == PERCENT:
+        excess = f"+{_short((value - limit) * 100)} points"
+    elif limit > 0:
+        excess = f"+{_short((value - limit) / limit * 100)}%"
+    else:
+        excess = f"+{with_unit(key, value - limit)}"
+    return f"{key} {with_unit(key, value)} > {with_unit(key, limit)} ({excess})"
+
+
+def _short(number: float) -> str:
+    """A positive number in 2 significant digits below 10, whole above: 0.24, 3.6, 36, 150."""
+    return f"{number:.0f}" if number >= 10 else f"{number:.2g}"
+
+
 def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str,
              also: Sequence[str] = (), judged: Mapping[str, float] | None = None) -> Verdict:
     """Apply the SLA to one trial's metrics (which must hold every SLA key and objective);
@@ -72,7 +93,7 @@ def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_m
         excess = value - limit
         constraints[key] = excess if key == "error_rate" else excess / limit
         if excess > 0:
-            violations.append(f"{key} {value:.4g} > {limit:g}")
+            violations.append(violation_text(key, value, limit))
     return Verdict(objective=float(values[objective_metric]), feasible=not violations,
                    constraints=constraints, violations=tuple(violations),
                    values=tuple(float(values[m]) for m in (objective_metric, *also)))

@@ -1,8 +1,8 @@
-"""The HTML report and the per-trial diagnosis.
-
-(a) diagnosis rules, table-tested at their thresholds; (b) the report of a real results folder:
-a 4-trial FakeEngine sweep on an emulated one-node Ray with 2 fake GPUs (one trial asks for
-TP=4 and fails as unplaceable), rendered to HTML, opened in headless Chromium (tests/browser.py).
+"""The report of a real results folder: a 4-trial FakeEngine sweep on an emulated one-node Ray
+with 2 fake GPUs (max-num-seqs 2 breaks the TTFT limit and its run stops early; TP=4 fails as
+unplaceable), rendered to HTML and opened in headless Chromium at 1400 px (tests/browser.py):
+units in the table's headers and on the plots' axes, the trial stopped early marked and left
+out of the plots and importances, no column of the trial table out of reach.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
 from framework.config.specs import load_sweep
 from framework.results.diagnosis import VERDICTS
@@ -109,12 +110,23 @@ def trial_table_rows(text: str) -> int:
 @pytest.mark.timeout(300)
 def test_report_of_a_fake_sweep_renders_in_chromium(fake_sweep, tmp_path):
     trials = fake_sweep.store.read_trials()
-    assert len(trials) == 4 and set(trials["trial_number"]) == {0, 1, 2, 3}
+    shown = trials[["trial_number", "state", "fail_reason", "param_max_num_seqs",
+                    "param_tensor_parallel_size", "stopped_early"]].to_string()
+    assert len(trials) == 4 and set(trials["trial_number"]) == {0, 1, 2, 3}, shown
     failed = trials[trials["state"] == "FAIL"]
     assert list(failed["fail_reason"]) == ["unplaceable"], trials[["state", "fail_reason"]]
-    importances = param_importances(fake_sweep.store.journal_path, NAME)
-    assert list(importances) == ["max-num-seqs"]  # TP differs only in the failed trial
-    out = render_report(trials, fake_sweep.spec, importances, tmp_path / "report.html")
+    small = int(trials[trials["param_max_num_seqs"] == 2].iloc[0]["trial_number"])
+    early = trials[trials["stopped_early"].notna()]
+    assert list(early["trial_number"]) == [small], trials[["trial_number", "stopped_early"]]
+    assert early.iloc[0]["completed"] < 32 and not early.iloc[0]["feasible"]
+    # Optuna ranks max-num-seqs on the short load alone (the others all ran 128; TP differs
+    # only in the failed trial); without it nothing is left to rank
+    journal = fake_sweep.store.journal_path
+    assert list(param_importances(journal, NAME)) == ["max-num-seqs"]
+    importances = param_importances(journal, NAME, exclude=[small])
+    assert importances == {}
+    out = render_report(trials, fake_sweep.spec, importances, tmp_path / "report.html",
+                        space=load_search_space(fake_sweep.spec.search_space))
 
     text = out.read_text(encoding="utf-8")
     assert external_references(text) == []
@@ -129,14 +141,22 @@ def test_report_of_a_fake_sweep_renders_in_chromium(fake_sweep, tmp_path):
     # what each row must say, known from how the trials were set up, not from the report's code
     table = trial_table(text)
     verdict = {n: next(c.split("|")[0] for c in cells if "|" in c) for n, cells in table.items()}
-    small = int(trials[trials["param_max_num_seqs"] == 2].iloc[0]["trial_number"])
-    assert verdict[small] == "batch_too_small"  # 2 slots for 8 requests in flight
-    assert "SLA violated" in table[small]
+    # 2 slots for the requests in flight, seen by the /metrics scrapes of its short load
+    assert verdict[small] == "batch_too_small"
+    done = int(early.iloc[0]["completed"] + early.iloc[0]["failed"])
+    assert any(c.startswith("SLA violated: p99_ttft_ms ") and "ms > 500 ms (+" in c
+               and c.endswith(f"; stopped early after {done} requests") for c in table[small])
+    assert f"<tr class='early'><td>{small}</td>" in text
+    assert f"Left out of the plots and the importances: trial {small} (after {done}" in text
     assert verdict[number] == "not_measured" and "FAIL(unplaceable)" in table[number]
     assert set(verdict.values()) <= set(VERDICTS)
 
-    result = check_report(out, min_plots=3)
+    result = check_report(out, min_plots=3)  # the trial table reachable at 1400 px
     assert result.title == f"vllm-sweep report: {NAME}"
+    assert result.table["viewport"] == 1400
+    assert {"output_throughput (tok/s)", "P99 TTFT (ms)", "P99 TPOT (ms)",
+            "request_throughput (req/s)"} <= set(result.table["headers"])
+    assert result.axis_titles.count("output_throughput (tok/s)") >= 3  # 2 Pareto, 1 effects
 
 
 @pytest.mark.timeout(300)

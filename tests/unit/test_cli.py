@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -166,3 +167,42 @@ def test_bench_sends_openai_api_key_as_vllm_bench_does(tmp_path, tiny_model, hea
                      cwd=tmp_path, env=env)
     assert res.returncode == 1, (res.stdout, res.stderr)  # every request got 404
     assert seen == [sent, sent]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_subcommand_and_argument_has_help_text():
+    """`vllm-sweep <command> --help` explains every argument: the parser tree walked, every
+    subcommand with a summary and every option or positional with its own help."""
+    from framework.cli import parser
+
+    top = parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    summaries = {a.dest: a.help for a in sub._choices_actions}
+    commands = _subcommands(top)
+    assert set(commands) >= {"run", "validate", "status", "best", "report", "plan", "doctor",
+                             "build-model", "bench"}
+    missing = [name for name in commands if not (summaries.get(name) or "").strip()]
+    for name, command in commands.items():
+        for action in command._actions:
+            text = action.help
+            if text is None or text == argparse.SUPPRESS or not text.strip():
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+    for action in top._actions:
+        assert action.help, action
+
+
+@pytest.mark.parametrize("command", ["best", "report", "build-model", "bench"])
+def test_help_prints_every_argument_with_its_text(command):
+    from framework.cli import parser
+
+    res = vllm_sweep(command, "--help")
+    assert res.returncode == 0 and res.stderr == ""
+    shown = " ".join(res.stdout.split())  # argparse wraps lines
+    for action in _subcommands(parser())[command]._actions:
+        assert all(option in shown for option in action.option_strings), action
+        assert " ".join(action.help.split()[:3]) in shown, (action.help, shown)

@@ -21,6 +21,7 @@ from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.results.diagnosis import BATCH_FILL_LOW
 from framework.results.diagnosis import KV_EXHAUSTED_AT
+from framework.results.diagnosis import MIN_LOAD_SAMPLES
 from framework.results.diagnosis import PREEMPTION_RATE_LIMIT
 from framework.results.diagnosis import VERDICTS
 from framework.results.diagnosis import diagnose
@@ -59,14 +60,14 @@ DIAGNOSIS_CASES = [
     (case(preemptions=9, kv_cache_usage_max=0.99, waiting_requests_max=5), SLA,
      "too_many_sequences", ["9 preemptions"]),  # precedence over the KV rule
     (case(kv_cache_usage_max=0.98, waiting_requests_max=12), SLA, "kv_cache_exhausted",
-     ["0.98", "12 requests waiting"]),
+     ["98%", "12 requests waiting"]),
     (case(kv_cache_usage_max=KV_EXHAUSTED_AT, waiting_requests_max=1), SLA,
-     "kv_cache_exhausted", ["0.95", "1 requests waiting"]),
-    (case(kv_cache_usage_max=0.949, waiting_requests_max=5), SLA, "near_optimal", ["0.95"]),
-    (case(kv_cache_usage_max=0.99, waiting_requests_max=0), SLA, "near_optimal", ["0.99"]),
+     "kv_cache_exhausted", ["95%", "1 requests waiting"]),
+    (case(kv_cache_usage_max=0.949, waiting_requests_max=5), SLA, "near_optimal", ["94.9%"]),
+    (case(kv_cache_usage_max=0.99, waiting_requests_max=0), SLA, "near_optimal", ["99%"]),
     (case(running_requests_max=4, kv_cache_usage_max=0.1, param_max_num_seqs=4,
           waiting_requests_max=28, p99_ttft_ms=900.0), SLA, "batch_too_small",
-     ["4 of 32", "max-num-seqs 4", "12%", "0.10"]),  # precedence over the prefill rule
+     ["4 of 32", "max-num-seqs 4", "12%", "10%"]),  # precedence over the prefill rule
     (case(running_requests_max=16, kv_cache_usage_max=0.1), SLA, "near_optimal",
      ["16 of 32"]),  # exactly BATCH_FILL_LOW: not below
     (case(running_requests_max=4, kv_cache_usage_max=0.5), SLA, "near_optimal", ["4 of 32"]),
@@ -77,7 +78,16 @@ DIAGNOSIS_CASES = [
     (case(p99_ttft_ms=812.0, p99_tpot_ms=12.0), SLA, "near_optimal", []),  # decode is slow too
     (case(p99_ttft_ms=812.0), None, "near_optimal", []),  # no SLA to judge TTFT by
     (case(p99_ttft_ms=500.0), SLA, "near_optimal", []),  # at the limit is within it
-    (case(), SLA, "near_optimal", ["0.40", "0 preemptions", "30 of 32", "0 waiting"]),
+    (case(), SLA, "near_optimal", ["40%", "0 preemptions", "30 of 32", "0 waiting"]),
+    # a 0.7 s load stopped early, scraped once while it ran: its peaks are an idle server's
+    (case(running_requests_max=0, max_concurrent_requests=12, completed=12, kv_cache_usage_max=0.0,
+          metrics_samples=1, bench_s=0.72), SLA, "too_few_samples",
+     ["(1, at least 3 needed)", "0.72 s load", "0 preemptions for 12 completed"]),
+    (case(metrics_samples=0, p99_ttft_ms=900.0), SLA, "too_few_samples", ["(0, "]),
+    (case(metrics_samples=2, preemptions=9), SLA, "too_many_sequences",
+     ["9 preemptions"]),  # a counter's delta needs only the scrapes around the load
+    (case(metrics_samples=3, running_requests_max=4, kv_cache_usage_max=0.1), SLA,
+     "batch_too_small", ["4 of 32"]),  # 3 scrapes are enough
     (case(running_requests_max=math.nan, kv_cache_usage_max=math.nan), SLA, "near_optimal",
      ["n/a"]),
 ]
@@ -94,7 +104,8 @@ def test_diagnosis_rules(row, sla, verdict, texts):
 
 def test_every_verdict_is_reachable_and_thresholds_are_the_seeds():
     assert {verdict for _, _, verdict, _ in DIAGNOSIS_CASES} == set(VERDICTS)
-    assert (PREEMPTION_RATE_LIMIT, KV_EXHAUSTED_AT, BATCH_FILL_LOW) == (0.01, 0.95, 0.5)
+    assert (PREEMPTION_RATE_LIMIT, KV_EXHAUSTED_AT, BATCH_FILL_LOW, MIN_LOAD_SAMPLES) == (
+        0.01, 0.95, 0.5, 3)
 
 
 def test_pareto_front_keeps_the_points_nothing_beats():
@@ -130,6 +141,10 @@ def test_param_importances_of_degenerate_and_real_studies(tmp_path):
     before = journal.read_bytes()
     importances = param_importances(journal, "x")
     assert importances == {"max-num-seqs": pytest.approx(1.0)}
+    # trials 2-5 (max-num-seqs 2, 8, 2, 8) left out, e.g. stopped early: 0 and 1 remain,
+    # with equal parameters
+    assert param_importances(journal, "x", exclude=range(2, 6)) == {}
+    assert param_importances(journal, "x", exclude=[2]) == importances
     assert journal.read_bytes() == before
 
 

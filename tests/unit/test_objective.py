@@ -10,6 +10,7 @@ from framework.trial.objective import evaluate_repeated
 from framework.trial.objective import gain
 from framework.trial.objective import goodput_slo_ms
 from framework.trial.objective import surely_broken
+from framework.trial.objective import violation_text
 
 # 95 completed + 5 failed -> error rate 5 / 100 = 0.05
 METRICS = {
@@ -44,7 +45,7 @@ def test_evaluate_one_violated():
     assert v.feasible is False
     assert v.constraints["p99_ttft_ms"] == pytest.approx(0.2)
     assert v.constraints["p99_tpot_ms"] == pytest.approx(-0.2)
-    assert v.violations == ("p99_ttft_ms 600 > 500",)
+    assert v.violations == ("p99_ttft_ms 600 ms > 500 ms (+20%)",)
     assert v.objective == 1234.5  # the objective is reported even when infeasible
 
 
@@ -53,7 +54,8 @@ def test_evaluate_all_violated_lists_each():
     v = evaluate(METRICS, {"p99_ttft_ms": 300, "p99.9_itl_ms": 20}, "request_throughput")
     assert v.feasible is False
     assert v.constraints == {"p99_ttft_ms": pytest.approx(1.0), "p99.9_itl_ms": pytest.approx(0.5)}
-    assert v.violations == ("p99_ttft_ms 600 > 300", "p99.9_itl_ms 30 > 20")
+    assert v.violations == ("p99_ttft_ms 600 ms > 300 ms (+100%)",
+                            "p99.9_itl_ms 30 ms > 20 ms (+50%)")
     assert v.objective == 10.0
 
 
@@ -74,7 +76,19 @@ def test_error_rate_constraint_is_absolute(limit, constraint, feasible):
     assert v.feasible is feasible
     assert (v.violations == ()) is feasible
     if not feasible:
-        assert v.violations == (f"error_rate 0.05 > {limit:g}",)
+        assert v.violations == ("error_rate 5% > 1% (+4 points)",)  # points, not relative
+
+
+@pytest.mark.parametrize(("key", "value", "limit", "text"), [
+    ("p99_tpot_ms", 6.12, 4.5, "p99_tpot_ms 6.12 ms > 4.5 ms (+36%)"),
+    ("p99_ttft_ms", 500.6, 500, "p99_ttft_ms 500.6 ms > 500 ms (+0.12%)"),  # 2 digits below 10
+    ("p99_ttft_ms", 1600.0, 500, "p99_ttft_ms 1,600 ms > 500 ms (+220%)"),
+    ("mean_e2el_ms", 3.0, 0, "mean_e2el_ms 3 ms > 0 ms (+3 ms)"),  # no ratio to a 0 limit
+    ("error_rate", 0.05, 0.0, "error_rate 5% > 0% (+5 points)"),
+    ("error_rate", 0.125, 0.1, "error_rate 12.5% > 10% (+2.5 points)"),
+])
+def test_violation_text_names_the_limit_its_unit_and_the_excess(key, value, limit, text):
+    assert violation_text(key, value, limit) == text
 
 
 def test_error_rate_limit_zero_with_no_failures():
@@ -218,7 +232,9 @@ def test_sla_on_the_upper_confidence_bound_is_stricter_than_on_the_mean():
     on_ci, extra = evaluate_repeated(runs, {"p99_ttft_ms": 500}, "output_throughput",
                                      sla_on="ci_upper")
     assert on_mean.feasible and not on_ci.feasible
-    assert on_ci.violations == (f"p99_ttft_ms {extra['p99_ttft_ms_ci95_high']:.4g} > 500",)
+    high = extra["p99_ttft_ms_ci95_high"]
+    assert on_ci.violations == (
+        f"p99_ttft_ms {high:.4g} ms > 500 ms (+{(high - 500) / 500 * 100:.0f}%)",)
 
 
 def test_repeated_error_rate_and_counts():

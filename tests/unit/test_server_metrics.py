@@ -124,7 +124,8 @@ def samples(*pages: str) -> list[Sample]:
         {"preemptions": 0, "prefix_cache_hit_rate": None},
         id="counter-reset-counts-zero"),
     pytest.param(
-        [], {key: None for key, _ in SERVER_METRIC_COLUMNS}, id="no-samples"),
+        [], {**{key: None for key, _ in SERVER_METRIC_COLUMNS}, "metrics_samples": 0},
+        id="no-samples"),
 ])
 def test_summarize(pages: list[str], expected: dict) -> None:
     result = summarize(samples(*pages))
@@ -236,6 +237,38 @@ def test_sampler_scrapes_a_real_server_with_its_own_fetch(metrics_server: str) -
     assert summary["kv_cache_usage_max"] == 0.25
 
 
+def test_summarize_counts_the_samples_taken_during_the_load() -> None:
+    before, after = (Sample(t_s=t, values=parse_metrics(page()), bracket=True) for t in (0, 9))
+    during = samples(page(running=5), page(running=7))
+    assert summarize([before, *during, after])["metrics_samples"] == 2
+    assert summarize([before, after])["metrics_samples"] == 0
+    assert summarize([before, after])["running_requests_max"] == 0  # idle gauges only
+
+
+@pytest.mark.parametrize(("interval_s", "first"), [
+    (0.5, [0.1, 0.2, 0.3, 0.5, 1.0, 1.5]),
+    (0.25, [0.1, 0.2, 0.25, 0.5, 0.75]),
+    (0.1, [0.1, 0.2, 0.3]),  # no ramp offset below the interval
+    (0.01, [0.01, 0.02]),
+])
+def test_sampler_ramps_up_then_keeps_the_interval(interval_s, first) -> None:
+    offsets = MetricsSampler("http://x", interval_s=interval_s).offsets()
+    assert [round(next(offsets), 6) for _ in first] == first
+
+
+@pytest.mark.timeout(30)
+def test_a_short_load_is_scraped_while_it_runs(metrics_server: str) -> None:
+    """0.8 s between start and stop (a load stopped early) at the default 0.5 s interval: the
+    ramp's scrapes at 0.1, 0.2, 0.3 s and the one at 0.5 s, between the two brackets (a scrape
+    every 0.5 s alone would have taken one; >= 2 leaves room for a stall on a busy machine)."""
+    sampler = MetricsSampler(metrics_server).start()
+    time.sleep(0.8)
+    result = sampler.stop()
+    assert result.samples[0].bracket and result.samples[-1].bracket
+    assert sum(1 for s in result.samples if s.bracket) == 2
+    assert 2 <= summarize(result.samples)["metrics_samples"] <= 4, result.samples
+
+
 def test_sampler_rejects_bad_interval() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         MetricsSampler("http://x", interval_s=0)
@@ -254,7 +287,7 @@ def test_server_metrics_reach_the_trial_row() -> None:
                        server_log="")
     values = {"kv_cache_usage_max": 0.5, "kv_cache_usage_mean": 0.2, "preemptions": 3,
               "prefix_cache_hit_rate": None, "waiting_requests_max": 1,
-              "running_requests_max": 8, "queue_time_mean_s": 0.01}
+              "running_requests_max": 8, "queue_time_mean_s": 0.01, "metrics_samples": 4}
     outcome = TrialOutcome(started_at=datetime.now(UTC), argv=(),
                            server_metrics=values)
     row = trial_row(ctx, outcome, None, columns)

@@ -40,7 +40,9 @@ def test_status_of_a_killed_sweep(tmp_path, tiny_model):
     assert "5/10 trials finished; driver not running" in out
     assert ("complete 3 (feasible 2, SLA violated 1); infeasible (not launched) 1; "
             "failed: startup_crash 1") in out
-    assert "best feasible: trial 1: output_throughput = 150" in out
+    assert "best feasible: trial 1: output_throughput = 150 tok/s" in out
+    assert "baseline (vLLM's defaults): trial 0: output_throughput = 100 tok/s, feasible" in out
+    assert "SLA violated: trial 2: output_throughput = 400 tok/s, SLA violated" in out
     # 4 minutes between the first start and the last end (40 s); 5 trials x 40 s remain.
     assert "elapsed 4.7 min; remaining ~3.3 min" in out
 
@@ -49,8 +51,15 @@ def test_best_is_the_best_feasible_trial_as_command_and_yaml(tmp_path, tiny_mode
     write_rows(tmp_path / "results")
     sweep = str(sweep_file(tmp_path, tiny_model))
     res = cli("best", sweep)
+    # stdout: the command alone (for $(vllm-sweep best ...)); stderr: the trial, its value,
+    # and the verdict on its gain: every configuration was measured on one server only, so
+    # the server-to-server noise is unknown
     assert res.returncode == 0 and res.stdout.strip() == "vllm serve m --trial 1"
+    info = res.stderr.strip().splitlines()
+    assert info[0] == "trial 1: output_throughput = 150 tok/s" and len(info) == 2
+    assert "Not distinguishable from vLLM's defaults" in info[1] and "100 tok/s" in info[1]
     res = cli("best", sweep, "--format", "yaml")
+    assert res.stderr.splitlines()[0] == "trial 1: output_throughput = 150 tok/s"
     doc = yaml.safe_load(res.stdout)
     assert doc["trial"] == 1 and doc["objective"] == 150.0
     assert doc["flags"] == {"enforce-eager": True, "max-model-len": 512, "max-num-seqs": 16,
@@ -58,9 +67,29 @@ def test_best_is_the_best_feasible_trial_as_command_and_yaml(tmp_path, tiny_mode
                             "enable-prefix-caching": True}
 
 
+@pytest.mark.parametrize("flags", [[], ["--format", "yaml"], ["--pareto"]])
+def test_best_of_a_sweep_that_never_ran_says_there_are_no_results(tmp_path, tiny_model, flags):
+    res = cli("best", str(sweep_file(tmp_path, tiny_model)), *flags)
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.splitlines() == [f"no results for sweep killed in {tmp_path}/results/killed"]
+
+
+def test_status_of_a_sweep_that_never_ran(tmp_path, tiny_model):
+    res = cli("status", str(sweep_file(tmp_path, tiny_model)))
+    assert res.returncode == 0, res.stderr
+    assert "0/10 trials finished" in res.stdout
+    assert res.stdout.splitlines()[-1] == f"  no results yet in {tmp_path}/results/killed"
+
+
 def test_best_without_a_feasible_trial_exits_1(tmp_path, tiny_model):
+    write_rows(tmp_path / "results")
+    for number in (0, 1):  # the feasible trials gone: 2 violates the SLA, 3 and 4 failed
+        (tmp_path / "results" / "killed" / "trials" / "sweep=killed"
+         / f"trial-{number:05d}.parquet").unlink()
     res = cli("best", str(sweep_file(tmp_path, tiny_model)))
-    assert res.returncode == 1 and "no feasible trial yet" in res.stderr
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        f"killed: no feasible trial yet (3 trials in {tmp_path}/results/killed)"]
 
 
 def test_pareto_trials_keeps_the_feasible_non_dominated_ones():
