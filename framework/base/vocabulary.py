@@ -4,12 +4,15 @@ objective key is read.
 
 Keys: `{mean,median,std}_{metric}_ms` and `p{P}_{metric}_ms` for metric in LATENCY_METRICS,
 with P written as an integer when whole (p99_ttft_ms, p99.9_itl_ms); `error_rate` for the SLA;
-the THROUGHPUT_METRICS (maximized) for objectives.
+the THROUGHPUT_METRICS (maximized) for objectives. SLA keys are upper bounds (`value <=
+limit`), except the LOWER_BOUND_KEYS (`min_token_agreement`: the quality probe's token
+agreement with the baseline, framework.trial.quality, must be `>= limit`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +40,8 @@ THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_th
                       "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu",
                       "capacity_rps")
 ERROR_RATE = "error_rate"
+MIN_TOKEN_AGREEMENT = "min_token_agreement"
+LOWER_BOUND_KEYS = (MIN_TOKEN_AGREEMENT,)
 
 _LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
@@ -88,3 +93,19 @@ def is_latency_metric(key: str) -> bool:
 def is_throughput_metric(key: str) -> bool:
     """Objectives that are maximized."""
     return key in THROUGHPUT_METRICS
+
+
+def is_lower_bound(key: str) -> bool:
+    """SLA keys that are lower bounds (`value >= limit`): min_token_agreement."""
+    return key in LOWER_BOUND_KEYS
+
+
+def limit_text(key: str, limit: float) -> str:
+    """One SLA limit as people read it: `p99_ttft_ms <= 500`, `min_token_agreement >= 0.95`."""
+    return f"{key} {'>=' if is_lower_bound(key) else '<='} {limit:g}"
+
+
+def load_limits(sla: Mapping[str, float]) -> dict[str, float]:
+    """The SLA limits a load run can judge by itself (every key but the LOWER_BOUND_KEYS,
+    which need the quality probe)."""
+    return {key: limit for key, limit in sla.items() if not is_lower_bound(key)}
