@@ -15,6 +15,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from framework.base.vocabulary import limit_text
 from framework.results.queries import (  # noqa: F401 - Best and best_trial re-exported
     Best,
     best_trial,
@@ -106,9 +107,11 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
         console.print("no trials yet")
         return None
     shown = [objective, *[k for k in sla if k != objective and k in trials.columns]]
+    if "token_agreement" in trials and trials["token_agreement"].notna().any():
+        shown.append("token_agreement")  # the quality probe's, for the trials that ran it
     console.print(trials_table(trials, params, shown))
     best = best_trial(trials, params, maximize)
-    limits = ", ".join(f"{k} <= {v:g}" for k, v in sla.items()) or "none"
+    limits = ", ".join(limit_text(k, v) for k, v in sla.items()) or "none"
     if best is None:
         console.print(f"[red]No feasible configuration[/red] (SLA: {limits}).")
         return None

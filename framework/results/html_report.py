@@ -24,8 +24,10 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from framework.results.diagnosis import diagnose
+from framework.results.quality_report import quality_section
 from framework.results.queries import best_trial, pareto_front, state_label
 from framework.base.vocabulary import THROUGHPUT_METRICS
+from framework.base.vocabulary import limit_text
 from framework.config.specs import SweepSpec
 
 FEASIBLE, INFEASIBLE, FRONT, LIMIT = "#2ca02c", "#ff7f0e", "#1f77b4", "#d62728"
@@ -189,7 +191,7 @@ def _effects(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str]) -> st
 
 def _best(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str]) -> tuple[str, int | None]:
     maximize = spec.objective.direction == "maximize"
-    limits = ", ".join(f"{k} <= {v:g}" for k, v in spec.sla.items()) or "none"
+    limits = ", ".join(limit_text(k, v) for k, v in spec.sla.items()) or "none"
     done = _complete(trials)
     best = best_trial(trials, [], maximize)
     if best is None:
@@ -272,7 +274,7 @@ def _overview(trials: pd.DataFrame, spec: SweepSpec) -> str:
     done = _complete(trials)
     feasible = int((done["feasible"] == True).sum()) if not done.empty else 0  # noqa: E712
     versions = sorted({str(v) for v in trials.get("vllm_version", pd.Series(dtype=str)).dropna()})
-    limits = ", ".join(f"{k} <= {v:g}" for k, v in spec.sla.items()) or "none"
+    limits = ", ".join(limit_text(k, v) for k, v in spec.sla.items()) or "none"
     return (f"<p>Model <code>{html.escape(str(spec.model))}</code>, engine {spec.engine}, vLLM "
             f"{html.escape(', '.join(versions) or 'n/a')}. Objective: {spec.objective.direction} "
             f"<b>{spec.objective.metric}</b>; SLA: {html.escape(limits)}. Workload: "
@@ -299,6 +301,7 @@ def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[st
         "<h2>Effect of each parameter</h2>", _effects(trials, spec, params),
         "<h2>All trials</h2>", _table(trials, spec, params, best_number) if not trials.empty
         else "<p>No trials yet.</p>",
+        "<h2>Output quality</h2>", quality_section(trials),
         "<h2>Failures</h2>", _failures(trials),
     ]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -231,3 +231,51 @@ def test_quality_columns_in_the_trial_row():
     unprobed = trial_row(ctx, TrialOutcome(started_at=datetime.now(UTC), argv=()), None, columns)
     assert all(unprobed[k] is None for k, _ in QUALITY_COLUMNS)
 
+
+
+def test_the_report_and_the_summary_show_the_quality_numbers(tmp_path):
+    """Rows written as Parquet and read back as the report reads them: probed trials in the
+    quality table with their verdicts, the unprobed one left out; the SLA's lower bound reads
+    '>=' in the summary."""
+    from rich.console import Console
+
+    from framework.results.console import print_summary
+    from framework.results.quality_report import quality_section
+    from framework.results.store import ResultStore
+    from framework.trial.objective import Verdict
+
+    space = SearchSpace.model_validate({"parameters": {
+        "kv-cache-dtype": {"type": "categorical", "choices": ["auto", "fp8"], "default": "auto"},
+        "max-num-seqs": {"type": "int", "low": 2, "high": 128, "default": 128}}})
+    sla = {"min_token_agreement": 0.95}
+    columns = trial_columns(space, (50, 99), list(sla))
+    itself = Agreement(1.0, 0.0, 512, 512)
+    cases = [
+        (0, True, {"kv-cache-dtype": "auto", "max-num-seqs": 128},
+         judge(itself, itself, 0.95, note="the baseline: <its> runs")),
+        (1, False, {"kv-cache-dtype": "fp8", "max-num-seqs": 128},
+         judge(Agreement(0.334, 0.0087, 512, 171), itself, 0.95, note="changes kv-cache-dtype")),
+        (2, False, {"kv-cache-dtype": "auto", "max-num-seqs": 4}, None),
+    ]
+    store = ResultStore(tmp_path, "q")
+    for number, baseline, params, quality in cases:
+        ctx = TrialContext(number=number, params=params, is_baseline=baseline,
+                           serve_command="vllm serve m", vllm_version="0.32", server_log="x")
+        outcome = TrialOutcome(started_at=datetime.now(UTC), argv=(), quality=quality,
+                               metrics={"completed": 10, "failed": 0, "output_throughput": 5.0})
+        feasible = quality is None or bool(quality.ok)
+        verdict = Verdict(objective=5.0 + number, feasible=feasible, constraints={},
+                          violations=() if feasible else ("min_token_agreement 0.334 < 0.95",))
+        store.write_trial(trial_row(ctx, outcome, verdict, columns), columns)
+    trials = store.read_trials()
+
+    section = quality_section(trials)
+    assert section.count("<tr>") == 3  # the header and the two probed trials
+    assert "&lt;its&gt;" in section and "<its>" not in section
+    assert "<td class='n'>33.4%</td>" in section and "<td class='fail'>outputs changed</td>" in section
+    assert "<td class='ok'>holds</td>" in section and "<td>0*</td>" in section
+
+    console = Console(record=True, width=200)
+    print_summary(console, trials, list(space.parameters), "output_throughput", True, sla)
+    text = console.export_text()
+    assert "min_token_agreement >= 0.95" in text and "token_agreement" in text
