@@ -4,7 +4,9 @@ objective key is read.
 
 Keys: `{mean,median,std}_{metric}_ms` and `p{P}_{metric}_ms` for metric in LATENCY_METRICS,
 with P written as an integer when whole (p99_ttft_ms, p99.9_itl_ms); `error_rate` for the SLA;
-the THROUGHPUT_METRICS (maximized) for objectives.
+the THROUGHPUT_METRICS (maximized) for objectives. SLA keys are upper bounds (`value <=
+limit`), except the LOWER_BOUND_KEYS (`min_token_agreement`: the quality probe's token
+agreement with the baseline, framework.trial.quality, must be `>= limit`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_th
                       "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu",
                       "capacity_rps")
 ERROR_RATE = "error_rate"
+MIN_TOKEN_AGREEMENT = "min_token_agreement"
+LOWER_BOUND_KEYS = (MIN_TOKEN_AGREEMENT,)
 
 _LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
@@ -102,7 +106,9 @@ _UNITS: dict[str, str] = {
                      "capacity_rps", "rate"), "req/s"),
     **dict.fromkeys(("error_rate", "kv_cache_usage_max", "kv_cache_usage_mean",
                      "prefix_cache_hit_rate", "objective_cv", "precision_target",
-                     "ci95_halfwidth", "ci95_halfwidth_within", "ci95_halfwidth_server"),
+                     "ci95_halfwidth", "ci95_halfwidth_within", "ci95_halfwidth_server",
+                     "token_agreement", "quality_baseline_agreement", "quality_required",
+                     "min_token_agreement"),
                     PERCENT),
     **dict.fromkeys(("total_input_tokens", "total_output_tokens", "est_kv_tokens_capacity",
                      "prompt_tokens", "output_tokens"), "tok"),
@@ -166,7 +172,22 @@ def label(key: str) -> str:
 
 
 def limits_text(sla: Mapping[str, float]) -> str:
-    """The SLA's upper bounds with their units: `p99_ttft_ms <= 500 ms, error_rate <= 1%`;
-    "none" for an empty SLA."""
-    return ", ".join(f"{key} <= {with_unit(key, float(limit))}" for key, limit in sla.items()) \
-        or "none"
+    """The SLA's limits with their units: `p99_ttft_ms <= 500 ms, error_rate <= 1%,
+    min_token_agreement >= 0.95`; "none" for an empty SLA."""
+    return ", ".join(limit_text(key, float(limit)) for key, limit in sla.items()) or "none"
+
+
+def is_lower_bound(key: str) -> bool:
+    """SLA keys that are lower bounds (`value >= limit`): min_token_agreement."""
+    return key in LOWER_BOUND_KEYS
+
+
+def limit_text(key: str, limit: float) -> str:
+    """One SLA limit as people read it: `p99_ttft_ms <= 500 ms`, `min_token_agreement >= 0.95`."""
+    return f"{key} {'>=' if is_lower_bound(key) else '<='} {with_unit(key, limit)}"
+
+
+def load_limits(sla: Mapping[str, float]) -> dict[str, float]:
+    """The SLA limits a load run can judge by itself (every key but the LOWER_BOUND_KEYS,
+    which need the quality probe)."""
+    return {key: limit for key, limit in sla.items() if not is_lower_bound(key)}

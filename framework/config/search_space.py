@@ -14,6 +14,11 @@ load's request rate, concurrency or burstiness), applied by the load generator (
 `default` is the setting the baseline trial runs with). Trials whose
 server flags are equal and whose run settings differ can share one running server.
 
+A parameter with `lossy: true` may change the model's outputs at values other than its default
+(vLLM already knows kv-cache-dtype, quantization, dtype and speculative decoding:
+framework.engine.output_flags): trials that set it run the quality probe against the baseline
+(framework.trial.quality).
+
 A parameter with `when: {other-flag: value, ...}` is conditional: it is searched (and passed
 to vLLM) only in trials where each named earlier parameter took that value, e.g.
 `num-speculative-tokens: {type: int, low: 1, high: 8, when: {speculative-method: ngram}}`.
@@ -48,6 +53,7 @@ class _Param(BaseModel):
     help: str = ""
     kind: Literal["server", "run"] = "server"
     when: dict[str, Scalar] = Field(default_factory=dict)
+    lossy: bool = False
 
 
 class IntParam(_Param):
@@ -156,6 +162,9 @@ class SearchSpace(BaseModel):
             if param.kind == "run" and name not in RUN_SETTINGS:
                 raise ValueError(f"parameter {name!r}: kind: run is for the load settings "
                                  f"{', '.join(RUN_SETTINGS)}; a vLLM flag is kind: server")
+            if param.kind == "run" and param.lossy:
+                raise ValueError(f"parameter {name!r}: lossy: true is for vLLM flags; a load "
+                                 "setting does not change the outputs")
             if param.kind == "server" and name in RUN_SETTINGS:
                 raise ValueError(f"parameter {name!r} is a load setting, not a vLLM flag: "
                                  "mark it kind: run")

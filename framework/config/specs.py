@@ -21,9 +21,11 @@ from pydantic import model_validator
 
 from framework.base.vocabulary import ERROR_RATE  # noqa: F401 - Scalar and the metric words, re-exported
 from framework.base.vocabulary import LATENCY_METRICS
+from framework.base.vocabulary import MIN_TOKEN_AGREEMENT
 from framework.base.vocabulary import THROUGHPUT_METRICS
 from framework.base.vocabulary import Scalar
 from framework.base.vocabulary import is_latency_metric
+from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
 from framework.config.search_spec import CapacitySpec
@@ -272,15 +274,28 @@ class SweepSpec(_Spec):
     @field_validator("sla")
     @classmethod
     def _sla_keys(cls, sla: dict[str, float]) -> dict[str, float]:
+        """Upper bounds on latency keys and error_rate; `min_token_agreement`, a lower bound on
+        the quality probe's token agreement with the baseline (framework.trial.quality)."""
         for key, limit in sla.items():
+            if key == MIN_TOKEN_AGREEMENT:
+                if not 0 < limit <= 1:
+                    raise ValueError(f"SLA limit for {key} must be in (0, 1], got {limit}")
+                continue
             if key != "error_rate" and not is_latency_metric(key):
                 raise ValueError(f"SLA on unknown metric {key!r}; use latency keys like "
-                                 "p99_ttft_ms or error_rate")
+                                 "p99_ttft_ms, error_rate or min_token_agreement")
             if key == "error_rate" and not 0 <= limit <= 1:
                 raise ValueError(f"SLA limit for error_rate must be in [0, 1], got {limit}")
             if key != "error_rate" and not limit > 0:
                 raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
         return sla
+
+    @model_validator(mode="after")
+    def _quality_needs_baseline(self) -> SweepSpec:
+        if MIN_TOKEN_AGREEMENT in self.sla and not self.search.baseline:
+            raise ValueError(f"sla.{MIN_TOKEN_AGREEMENT} compares each trial's outputs with the "
+                             "baseline's: it needs search.baseline: true")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -298,9 +313,9 @@ class SweepSpec(_Spec):
         if self.capacity is not None:
             if self.objective.metric != "capacity_rps" or self.objective.direction != "maximize":
                 raise ValueError("with capacity:, the objective is capacity_rps, maximized")
-            if not self.sla:
-                raise ValueError("capacity: needs an sla: the capacity is the highest rate at "
-                                 "which it holds")
+            if not load_limits(self.sla):
+                raise ValueError("capacity: needs an sla on the load (latency keys or "
+                                 "error_rate): the capacity is the highest rate at which it holds")
             if self.search.repeats > 1 or self.search.precision is not None:
                 raise ValueError("search.repeats and search.precision apply to fixed runs, not "
                                  "to capacity mode")

@@ -307,3 +307,31 @@ def get_sync(url: str, timeout_s: float, api_key: str | None = None) -> Response
     """``get`` for synchronous code, e.g. a thread (not one running an event loop): each call
     runs on an event loop of its own. Same result and errors as ``get``."""
     return asyncio.run(get(url, timeout_s, api_key))
+
+
+async def post_json(pool: ConnectionPool, path: str, payload: bytes, timeout_s: float) -> Response:
+    """A non-streaming ``POST`` of the JSON bytes ``payload`` to ``path`` (under the pool's
+    prefix) on one of the pool's keep-alive connections: the body is sent exactly as given (no
+    field added or dropped), the answer read whole. ``timeout_s`` bounds the exchange,
+    connecting included. Any status is returned, none raised (the body of a non-200 is its
+    first ResponseReader.MAX_ERROR_BODY bytes); errors as ``get``: TimeoutError,
+    ConnectionError. The connection goes back to the pool only after a complete keep-alive
+    200."""
+    request = (f"POST {pool.prefix}{path} HTTP/1.1\r\n{pool.headers}"
+               f"Accept: application/json\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(payload)}\r\n\r\n").encode("latin-1") + payload
+    body = bytearray()
+    conn: Connection | None = None
+    reuse = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            conn = await pool.get()
+            reader: ResponseReader = await conn.exchange(request, body.extend)
+        reuse = reader.keep_alive and reader.status == 200
+    except HTTPError as exc:
+        raise ConnectionError(f"malformed response to POST {path}: {exc}") from None
+    finally:
+        if conn is not None:
+            pool.put(conn, reuse)
+    return Response(reader.status, reader.reason,
+                    bytes(body) if reader.status == 200 else reader.error_body)

@@ -131,6 +131,8 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
         console.print("no trials yet")
         return None
     shown = [objective, *[k for k in sla if k != objective and k in trials.columns]]
+    if "token_agreement" in trials and trials["token_agreement"].notna().any():
+        shown.append("token_agreement")  # the quality probe's, for the trials that ran it
     console.print(trials_table(trials, params, shown))
     if (early := stopped_early_line(trials)) is not None:
         console.print(early)

@@ -30,6 +30,7 @@ from framework.base.vocabulary import with_unit
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.results.diagnosis import diagnose
+from framework.results.quality_report import quality_section
 from framework.results.queries import best_trial
 from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
@@ -195,6 +196,7 @@ def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[st
         "<h2>Effect of each parameter</h2>", effects_plot(trials, spec, params, log_params),
         "<h2>All trials</h2>", _table(trials, spec, params, best_number) if not trials.empty
         else "<p>No trials yet.</p>",
+        "<h2>Output quality</h2>", quality_section(trials),
         "<h2>Failures</h2>", _failures(trials),
     ]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from framework import __version__
 from framework.base.vocabulary import Scalar
+from framework.base.vocabulary import is_lower_bound
 from framework.base.vocabulary import metric_names
 from framework.config.search_space import BoolParam
 from framework.config.search_space import CategoricalParam
@@ -28,7 +29,7 @@ from framework.trial.objective import Verdict
 from framework.trial.objective import error_rate
 from framework.trial.run import TrialOutcome
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens",
                 "max_concurrent_requests"}
 
@@ -86,11 +87,12 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
                 ("ci95_halfwidth", "float"), ("ci95_halfwidth_within", "float"),
                 ("ci95_halfwidth_server", "float"), ("precision_reached", "bool"),
                 ("precision_stop", "str")]
-    columns += [(f"{key}_ci95_high", "float") for key in sla_keys]
+    columns += [(f"{key}_ci95_high", "float") for key in sla_keys if not is_lower_bound(key)]
     columns += list(SERVER_METRIC_COLUMNS)
     columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
     columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str"),
                 ("stopped_early", "str")]
+    columns += QUALITY_COLUMNS
     columns += PROVENANCE_COLUMNS
     columns += [
         ("request_goodput", "float"), ("error_rate", "float"), ("feasible", "bool"),
@@ -112,6 +114,24 @@ ESTIMATE_COLUMNS = {
     "kv_tokens_capacity": "est_kv_tokens_capacity",
     "max_resident_seqs": "est_max_resident_seqs",
 }
+
+
+# The quality probe's verdict (framework.trial.quality.QualityVerdict field -> column); null
+# for trials that change no output flag (not probed).
+QUALITY_FIELDS = {
+    "token_agreement": "token_agreement",
+    "logprob_mad": "logprob_mad",
+    "baseline_agreement": "quality_baseline_agreement",
+    "baseline_logprob_mad": "quality_baseline_logprob_mad",
+    "required": "quality_required",
+    "ok": "quality_ok",
+    "note": "quality_note",
+}
+QUALITY_COLUMNS: list[tuple[str, str]] = [
+    ("token_agreement", "float"), ("logprob_mad", "float"), ("quality_baseline_agreement", "float"),
+    ("quality_baseline_logprob_mad", "float"), ("quality_required", "float"),
+    ("quality_ok", "bool"), ("quality_note", "str"),
+]
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,9 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
             row[key] = int(value) if key == "repeats" and value is not None else value
     row.update(ctx.provenance or {})
     row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None
+    if outcome.quality is not None:
+        row.update({column: getattr(outcome.quality, name) for name, column in QUALITY_FIELDS.items()})
+        row["quality_note"] = outcome.quality.note or None
     found = diagnose(row, ctx.sla)
     row["diagnosis"], row["diagnosis_detail"] = found.verdict, found.text
     return row

@@ -3,6 +3,7 @@
 Layout under `results/<sweep>/`:
     trials/sweep=<sweep>/trial-00007.parquet      one row per trial
     requests/sweep=<sweep>/trial-00007.parquet    one row per measured request
+    probes/trial-00007.parquet                    the quality probe's answers (probed trials)
     logs/trial-00007.log                          full server log
     optuna.journal                                the Optuna study (resume state)
 
@@ -31,6 +32,7 @@ KINDS: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("us", tz="UTC"),
     "list<str>": pa.list_(pa.string()),
     "list<float>": pa.list_(pa.float64()),
+    "list<int>": pa.list_(pa.int64()),
 }
 
 Columns = Sequence[tuple[str, str]]
@@ -72,6 +74,9 @@ class ResultStore:
     def requests_path(self, number: int) -> Path:
         return self.sweep_dir / "requests" / f"sweep={self.sweep}" / f"trial-{number:05d}.parquet"
 
+    def probe_path(self, number: int) -> Path:
+        return self.sweep_dir / "probes" / f"trial-{number:05d}.parquet"
+
     def log_path(self, number: int) -> Path:
         return self.sweep_dir / "logs" / f"trial-{number:05d}.log"
 
@@ -92,6 +97,18 @@ class ResultStore:
         path = self.requests_path(number)
         _atomic_write(table, path)
         return path
+
+    def write_probe(self, number: int, rows: Sequence[Mapping[str, Any]], columns: Columns) -> Path:
+        """Write (or replace) the quality probe rows of trial `number`."""
+        table = pa.Table.from_pylist([dict(r) for r in rows], schema=arrow_schema(columns))
+        path = self.probe_path(number)
+        _atomic_write(table, path)
+        return path
+
+    def read_probes(self) -> list[dict[str, Any]]:
+        """Every stored probe row (plain Python values), by trial number; [] if none."""
+        files = sorted(self.probe_path(0).parent.glob("trial-*.parquet"))
+        return [row for f in files for row in pq.read_table(f).to_pylist()]
 
     def trial_numbers(self) -> set[int]:
         folder = self.trial_path(0).parent

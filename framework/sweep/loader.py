@@ -11,6 +11,7 @@ from pathlib import Path
 
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
+from framework.base.vocabulary import load_limits
 from framework.config.search_space import CategoricalParam
 from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
@@ -225,7 +226,8 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
         steps = [dataset.requests(tok, w.num_prompts, w.seed + 1000 + i)
                  for i in range(c.max_steps)]
         capacity = CapacityPlan(settings=settings, step_requests=steps,
-                                burstiness=w.burstiness, seed=w.seed, sla=dict(spec.sla))
+                                burstiness=w.burstiness, seed=w.seed,
+                                sla=load_limits(spec.sla))
     return LoadPlan(model=str(spec.model), warmup=warmup, measured=measured, arrivals=arrivals,
                     max_concurrency=w.max_concurrency, ignore_eos=w.ignore_eos,
                     request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
@@ -235,7 +237,7 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     api_key=api_key(spec),
                     request_rate=None if math.isinf(w.request_rate) else w.request_rate,
                     capacity=capacity,
-                    sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None,
+                    sla_guard=(load_limits(spec.sla) or None) if spec.search.stop_early else None,
                     repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
                                      for r in range(1, spec.search.max_runs)],
                     screen=screen, screen_arrivals=screen_arrivals,

@@ -53,6 +53,7 @@ from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
 from framework.sweep.loader import Sweep
 from framework.sweep.loader import load_plan
+from framework.sweep.quality_gate import QualityGate
 from framework.sweep.remeasure import precision_rule
 from framework.sweep.remeasure import queue_confirmations
 from framework.sweep.remeasure import queue_interleaved
@@ -118,6 +119,7 @@ class Runner:
         self._search_target = spec.search.n_trials  # set by run()
         self._waiting: dict[int, int] = {}  # trial number -> devices, until placed
         self._pool = ServerPool(spec.server.reuse, console.print)
+        self._quality = QualityGate(sweep)  # the quality probe: which trials, the reference
         self.provenance = provenance(spec, launcher.node_resources())
         self._limit = spec.concurrent_trials or 256
         # run settings in the space: trials that differ only in them can share a server, which
@@ -252,7 +254,7 @@ class Runner:
                              phase=lambda text: progress.phase(number, text), on_placed=placed,
                              stop_later=lambda server: self._pool.hand_over(number, server),
                              reuse=reuse, screen=lambda metrics: self._screen(plan, metrics),
-                             unit=plan.unit)
+                             unit=plan.unit, probe=self._quality.probe_for(plan))
         finally:
             placed()
 
@@ -312,12 +314,13 @@ class Runner:
         """Write the trial's request rows, then its row; tell the study. Returns the row."""
         p, obj = plan.proposal, self.spec.objective
         verdict, intervals = None, None
+        sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
         if outcome.ok:
             devices = plan.shape.world_size
             runs = [per_device(r, devices) for r in outcome.runs or (outcome.metrics,)]
             outcome = replace(outcome, metrics=per_device(outcome.metrics, devices))
-            verdict, intervals = evaluate_repeated(runs, self.spec.sla, obj.metric,
-                                                   obj.pareto_with, self.spec.search.sla_on)
+            verdict, intervals = evaluate_repeated(runs, sla, obj.metric, obj.pareto_with,
+                                                   self.spec.search.sla_on, judged)
             intervals.update(precision_columns([float(r[obj.metric]) for r in runs],
                                                plan.load.precision, outcome.precision_stop))
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,

@@ -1,8 +1,10 @@
 """Metrics + SLA -> objective value, Optuna constraints and a verdict. Pure.
 
-Every SLA entry is an upper bound: `metric <= limit`. Each becomes one Optuna constraint
-`(value - limit) / limit` (feasible iff <= 0, Optuna's convention), so violations of different
-metrics are comparable; `error_rate` uses `value - limit` (it is already a fraction).
+Every SLA entry is an upper bound, `metric <= limit`, except `min_token_agreement`, a lower
+bound (`value >= limit`; base.vocabulary.LOWER_BOUND_KEYS). Each becomes one Optuna constraint,
+feasible iff <= 0 (Optuna's convention): `(value - limit) / limit`, so violations of different
+metrics are comparable; `error_rate` uses `value - limit` and `min_token_agreement` `limit -
+value` (both are already fractions).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from framework.base.vocabulary import COUNT_METRICS
 from framework.base.vocabulary import PEAK_METRICS
 from framework.base.vocabulary import PERCENT
 from framework.base.vocabulary import SLO_METRICS
+from framework.base.vocabulary import is_lower_bound
 from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
@@ -65,7 +68,12 @@ def goodput_slo_ms(sla: Mapping[str, float]) -> dict[str, float]:
 def violation_text(key: str, value: float, limit: float) -> str:
     """One broken SLA limit, which and by how much: `p99_tpot_ms 6.12 ms > 4.5 ms (+36%)`, the
     excess relative to the limit; for a fraction (error_rate) the excess in percentage points,
-    `error_rate 5% > 1% (+4 points)`."""
+    `error_rate 5% > 1% (+4 points)`; a lower bound the shortfall, `min_token_agreement 33.4% <
+    95% (-62 points)`."""
+    if is_lower_bound(key):
+        short = (f"{_short((limit - value) * 100)} points" if unit_of(key) == PERCENT
+                 else _short(limit - value))
+        return f"{key} {with_unit(key, value)} < {with_unit(key, limit)} (-{short})"
     if unit_of(key) == PERCENT:
         excess = f"+{_short((value - limit) * 100)} points"
     elif limit > 0:
@@ -84,14 +92,16 @@ def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_m
              also: Sequence[str] = (), judged: Mapping[str, float] | None = None) -> Verdict:
     """Apply the SLA to one trial's metrics (which must hold every SLA key and objective);
     `also`: further objectives (multi-objective search); `judged`: SLA values to use instead
-    of the metrics' own (repeated runs). error_rate is computed from completed and failed."""
+    of the metrics' own (repeated runs; min_token_agreement, which no load run measures).
+    error_rate is computed from completed and failed."""
     values = {**metrics, "error_rate": error_rate(metrics), **(judged or {})}
     constraints: dict[str, float] = {}
     violations: list[str] = []
     for key, limit in sla.items():
         value = float(values[key])
-        excess = value - limit
-        constraints[key] = excess if key == "error_rate" else excess / limit
+        lower = is_lower_bound(key)
+        excess = limit - value if lower else value - limit
+        constraints[key] = excess if key == "error_rate" or lower else excess / limit
         if excess > 0:
             violations.append(violation_text(key, value, limit))
     return Verdict(objective=float(values[objective_metric]), feasible=not violations,
@@ -101,18 +111,21 @@ def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_m
 
 def evaluate_repeated(runs: Sequence[Mapping[str, float]], sla: Mapping[str, float],
                       objective_metric: str, also: Sequence[str] = (),
-                      sla_on: str = "mean") -> tuple[Verdict, dict[str, float | None]]:
+                      sla_on: str = "mean", judged: Mapping[str, float] | None = None
+                      ) -> tuple[Verdict, dict[str, float | None]]:
     """Verdict over repeated runs of one configuration: the objective is the mean; each SLA
     metric is judged on its mean (`sla_on: mean`) or on the upper end of its 95% confidence
-    interval (`ci_upper`: the limit must hold with confidence, not just on average). Also
-    returns the interval columns: objective_ci95_low/high, objective_cv, <sla key>_ci95_high."""
+    interval (`ci_upper`: the limit must hold with confidence, not just on average). `judged`:
+    values of SLA keys measured once per trial, not per run (min_token_agreement: the quality
+    probe), used as given. Also returns the interval columns: objective_ci95_low/high,
+    objective_cv, <sla key>_ci95_high (for the per-run keys)."""
     combined = combine(runs, COUNT_METRICS, PEAK_METRICS)
-    judged: dict[str, float] = {}
+    judged = dict(judged or {})
     extra: dict[str, float | None] = {"repeats": float(len(runs))}
     objective = mean_ci([float(r[objective_metric]) for r in runs])
     extra.update(objective_ci95_low=objective.low, objective_ci95_high=objective.high,
                  objective_cv=objective.cv)
-    for key in sla:
+    for key in (k for k in sla if k not in judged):
         values = [error_rate(r) if key == "error_rate" else float(r[key]) for r in runs]
         interval = mean_ci(values)
         extra[f"{key}_ci95_high"] = interval.high

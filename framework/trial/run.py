@@ -1,5 +1,5 @@
 """One trial end to end, without Ray: start -> ready -> warm-up -> measured load (one run, or
-capacity mode's rate steps: framework.trial.measure) -> stop.
+capacity mode's rate steps: framework.trial.measure) -> [quality probe] -> stop.
 
 The consumer owns the interface: `ServerLauncher` / `ServerHandle` are what this module needs
 from whoever starts servers (`cluster.RayLauncher` in production). A failure is returned as
@@ -37,6 +37,7 @@ from framework.trial.measure import measure_capacity
 from framework.trial.measure import measure_fixed
 from framework.trial.measure import measure_screen
 from framework.trial.measure import run_once
+from framework.trial.quality import QualityVerdict
 from framework.trial.stats import combine
 
 
@@ -97,6 +98,7 @@ class TrialOutcome:
     server_pid: int | None = None
     server_reused: bool = False
     precision_stop: str | None = None  # why precision runs ended (trial.precision)
+    quality: QualityVerdict | None = None  # the quality probe's, when the trial ran it
 
     @property
     def ok(self) -> bool:
@@ -152,7 +154,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
               stop_later: Callable[[ServerHandle], None] | None = None,
               reuse: Reused | None = None,
               screen: Callable[[dict[str, float]], str | None] | None = None,
-              unit: int = 1) -> TrialOutcome:
+              unit: int = 1,
+              probe: Callable[[str], QualityVerdict] | None = None) -> TrialOutcome:
     """Run one trial; every failure comes back as `fail_reason` with the server log tail.
 
     `stop_later`: after a successful measurement, hand the server to it instead of stopping
@@ -164,7 +167,10 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     `screen`: with `plan.screen`, called with the screening run's metrics; a reason (str)
     ends the trial there as `fail_reason="pruned"` (metrics: the screen's; the server is
     handed to `stop_later` as after a full run), None lets the full run follow.
-    `unit`: consecutive bundles that must share a node (placement.node_unit)."""
+    `unit`: consecutive bundles that must share a node (placement.node_unit).
+    `probe`: after a full measured run (not after a pruning screen), called with the server's
+    base URL while it still serves: the quality probe (framework.sweep.quality_gate); its
+    verdict goes to `TrialOutcome.quality`, a TrialError it raises fails the trial."""
     started_at = datetime.now(UTC)
     t0 = clock()
     argv: list[str] = []
@@ -234,6 +240,10 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             records = [r for step in measurement.steps for r in step.records]
             first = next((r.error for r in records if r.error), "")
             raise TrialError("load_failed", f"all {len(records)} requests failed: {first}")
+        quality = None
+        if probe is not None and not pruned:
+            phase("quality probe")
+            quality = probe(server.base_url)
         if stop_later is None:
             phase("stopping")
             left = server.stop()
@@ -250,7 +260,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             steps=tuple(measurement.steps), leftover_pids=tuple(left),
                             server_pid=server.pid, server_reused=reuse is not None,
                             precision_stop=measurement.precision_stop,
-                            fail_reason="pruned" if pruned else None, fail_detail=pruned or "")
+                            fail_reason="pruned" if pruned else None, fail_detail=pruned or "",
+                            quality=quality)
     except TrialError as exc:
         left = server.stop() if server is not None else []
         tail = log_tail(log_path)

@@ -7,6 +7,7 @@ import signal
 import time
 
 import duckdb
+import pandas as pd
 import pytest
 import yaml
 
@@ -51,6 +52,13 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
             assert row["output_throughput"] > 0 and row["p99_ttft_ms"] > 0
             assert row["startup_s"] > 1 and row["bench_s"] > 0
             assert row["feasible"] == (row["p99_ttft_ms"] <= 2000 and row["p99_tpot_ms"] <= 100)
+        # The quality probe: the baseline probes twice (its self-agreement, stored with its
+        # answers); the tuned trial changes no flag that changes outputs and is not probed.
+        assert baseline["quality_ok"] and baseline["token_agreement"] == baseline[
+            "quality_baseline_agreement"]
+        assert pd.isna(tuned["token_agreement"]) and pd.isna(tuned["quality_ok"])
+        assert (short_tmp / "results" / "e2e" / "probes" / "trial-00000.parquet").is_file()
+        assert not (short_tmp / "results" / "e2e" / "probes" / "trial-00001.parquet").exists()
 
         requests = duckdb.sql(
             f"SELECT trial_number, count(*) AS n, sum(output_tokens) AS out, sum(prompt_tokens) AS inp "
