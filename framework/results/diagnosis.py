@@ -22,6 +22,9 @@ request metrics of the row. They are tried in this order; the first that holds i
 
 A rule whose inputs are missing (null / NaN) does not fire. The trial row holds the peaks of
 running and waiting requests, not their means (framework.engine.server_metrics), so the rules use peaks.
+In a load stopped early (framework.results.early.cut_short) the client's peak of requests in
+flight counts only the requests that finished (a handful), so the server's peaks, running +
+waiting (at most the requests it held at once), stand in for it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from framework.results.early import cut_short
 
 PREEMPTION_RATE_LIMIT = 0.01
 """Preemptions per completed request above which the batch holds too many sequences (> 1%)."""
@@ -105,6 +110,8 @@ def diagnose(row: Mapping[str, object], sla: Mapping[str, float] | None = None) 
     waiting = _num(row, "waiting_requests_max")
     running = _num(row, "running_requests_max")
     in_flight = _num(row, "max_concurrent_requests")
+    if cut_short(row) and running is not None and waiting is not None:
+        in_flight = max(in_flight or 0.0, running + waiting)
 
     if preemptions is not None and preemptions / completed > PREEMPTION_RATE_LIMIT:
         return Diagnosis("too_many_sequences", (

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from framework.results.early import cut_short
+from framework.results.early import requests_done
+from framework.results.early import text as _text
 from framework.results.rows import param_column
 from framework.trial.objective import gain
 
@@ -20,30 +23,6 @@ from framework.trial.objective import gain
 def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
     """The COMPLETE trials that met the SLA."""
     return trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
-
-
-def _text(value: object) -> str:
-    """A text cell as a string ("" for null / NaN)."""
-    return value if isinstance(value, str) else ""
-
-
-def cut_short(row: Mapping[str, object]) -> bool:
-    """True when the row's metrics come from a load stopped early (`stopped_early`: its SLA
-    surely broken after a few requests), so its throughputs cover a fraction of the load. In
-    capacity mode a trial with capacity_rps > 0 is measured at a step that held the SLA, which
-    ran in full, whatever earlier steps stopped."""
-    if not _text(row.get("stopped_early")):
-        return False
-    capacity = row.get("capacity_rps")
-    return not (isinstance(capacity, (int, float)) and capacity > 0)
-
-
-def requests_done(row: Mapping[str, object]) -> str:
-    """Requests a row's metrics cover (completed + failed), or "a few" if unknown."""
-    try:
-        return str(int(float(row["completed"]) + float(row["failed"])))  # type: ignore[arg-type]
-    except (KeyError, TypeError, ValueError, OverflowError):
-        return "a few"
 
 
 def cut_short_mask(trials: pd.DataFrame) -> pd.Series:

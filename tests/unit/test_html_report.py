@@ -43,6 +43,9 @@ HEALTHY = {"state": "COMPLETE", "completed": 200, "max_concurrent_requests": 32,
            "mean_ttft_ms": 80.0, "p99_ttft_ms": 200.0, "p99_tpot_ms": 8.1, "param_max_num_seqs": 64}
 
 
+STOPPED = "p99_tpot_ms: at least 14.3 ms whatever the other 197 requests do (3 done)"
+
+
 def case(**changes: object) -> dict[str, object]:
     return {**HEALTHY, **changes}
 
@@ -88,6 +91,17 @@ DIAGNOSIS_CASES = [
      ["9 preemptions"]),  # a counter's delta needs only the scrapes around the load
     (case(metrics_samples=3, running_requests_max=4, kv_cache_usage_max=0.1), SLA,
      "batch_too_small", ["4 of 32"]),  # 3 scrapes are enough
+    # stopped early after 3 requests (a real quickstart trial): the client saw 3 finish, the
+    # server held 2 running and 30 waiting: the batch is too small, not "2 of 3"
+    (case(stopped_early=STOPPED, max_concurrent_requests=3, completed=3, running_requests_max=2,
+          waiting_requests_max=30, kv_cache_usage_max=0.0005, param_max_num_seqs=2,
+          metrics_samples=4), SLA, "batch_too_small", ["2 of 32", "max-num-seqs 2"]),
+    (case(stopped_early=STOPPED, max_concurrent_requests=3, completed=3, running_requests_max=32,
+          waiting_requests_max=0, kv_cache_usage_max=0.008, metrics_samples=5), SLA,
+     "near_optimal", ["32 of 32"]),  # not "32 of 3"
+    # capacity mode: measured at a step that held the SLA, in full: the client's peak stands
+    (case(stopped_early=STOPPED, capacity_rps=6.5, running_requests_max=16,
+          waiting_requests_max=30, kv_cache_usage_max=0.1), SLA, "near_optimal", ["16 of 32"]),
     (case(running_requests_max=math.nan, kv_cache_usage_max=math.nan), SLA, "near_optimal",
      ["n/a"]),
 ]
