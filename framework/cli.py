@@ -91,7 +91,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     spec = sw.spec
     status = sweep_status(trials, spec.search.n_trials, list(sw.space.parameters),
                           spec.objective.direction == "maximize", spec.concurrent_trials or 1,
-                          live_driver(sw.store.sweep_dir / "driver.json"), spec.objective.metric)
+                          live_driver(sw.store.sweep_dir / "driver.json"), spec.objective.metric,
+                          spec.sla)
     print("\n".join(status.lines(spec.name, spec.objective.metric)))
     if trials.empty:
         print(f"  no results yet in {sw.store.sweep_dir}")
@@ -99,13 +100,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    """The best configuration on stdout (a `vllm serve` command or YAML), and on stderr the
-    trial, its objective value and the verdict on its gain over the baseline (results.verdict),
-    so `$(vllm-sweep best ...)` is the command alone. Exit 1 when there is nothing to print."""
-    from framework.base.vocabulary import with_unit
-    from framework.results.console import best_trial
-    from framework.results.console import confirmed_scores
+    """The configuration to ship on stdout (a `vllm serve` command or YAML): the verdict's
+    winner, or vLLM's defaults when nothing beat them beyond the noise (results.verdict); on
+    stderr the trial, its value and the verdict with its interval, so `$(vllm-sweep best ...)`
+    is the command alone. Exit 1 when there is nothing to ship."""
     from framework.results.status import best_as_yaml
+    from framework.results.status import verdict_text
     from framework.results.verdict import decide
 
     sw, trials = _stored(args)
@@ -116,21 +116,16 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 1
     if args.pareto:
         return _print_pareto(spec, trials)
-    best = best_trial(trials, params, maximize)
-    if best is None:
-        print(f"{spec.name}: no feasible trial yet ({len(trials)} trials in "
-              f"{sw.store.sweep_dir})", file=sys.stderr)
+    verdict = decide(trials, spec.objective.metric, maximize, spec.sla)
+    print(verdict_text(trials, verdict, spec.objective.metric), file=sys.stderr)
+    if verdict.ship is None:
         return 1
-    metric = spec.objective.metric
-    confirmed = " (mean with its confirmation run)" if confirmed_scores(trials) else ""
-    print(f"trial {best.number}: {metric} = {with_unit(metric, best.objective)}{confirmed}",
-          file=sys.stderr)
-    print(decide(trials, metric, maximize, spec.sla).headline, file=sys.stderr)  # the gain
     if args.format == "yaml":
-        text = best_as_yaml(trials, params, maximize, dict(spec.server.args), str(spec.model),
-                            sw.space.run_params) or ""
+        text = best_as_yaml(trials, verdict, params, dict(spec.server.args), str(spec.model),
+                            sw.space.run_params)
     else:
-        text = best.serve_command
+        row = trials[trials["trial_number"] == verdict.ship].iloc[0]
+        text = str(row["serve_command"])
     print(text.rstrip())
     return 0
 

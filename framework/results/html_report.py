@@ -26,12 +26,10 @@ from plotly.offline import get_plotlyjs
 
 from framework.base.vocabulary import label
 from framework.base.vocabulary import limits_text
-from framework.base.vocabulary import with_unit
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.results.diagnosis import diagnose
 from framework.results.quality_report import quality_section
-from framework.results.queries import best_trial
 from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
 from framework.results.queries import result_label
@@ -44,6 +42,7 @@ from framework.results.report_plots import missing
 from framework.results.report_plots import pareto_plot
 from framework.results.report_plots import stopped_early_note
 from framework.results.rows import param_column
+from framework.results.verdict import decide
 
 _STATS = (("mean", "Mean"), ("median", "Median"), ("p99", "P99"))
 _LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
@@ -67,31 +66,28 @@ def _complete(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def _best(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str]) -> tuple[str, int | None]:
+    """The verdict (results.verdict) and, when there is one to ship, the configuration and its
+    command: the winner, or vLLM's defaults when nothing beat them beyond the noise."""
     maximize = spec.objective.direction == "maximize"
-    metric = spec.objective.metric
     limits = limits_text(spec.sla)
     done = _complete(trials)
-    best = best_trial(trials, [], maximize)
-    if best is None:
-        if done.empty:
-            return (f"<p class='fail'>No trial completed ({len(trials)} failed): there is no "
-                    "configuration to recommend.</p>", None)
-        return (f"<p class='bad'>No feasible configuration: none of the {len(done)} completed "
-                f"trials met the SLA ({html.escape(limits)}).</p>", None)
-    row = trials[trials["trial_number"] == best.number].iloc[0]
-    if best.gain is not None:
-        gain = (f"{best.gain:+.1%} over the vLLM-default baseline "
-                f"({metric} = {with_unit(metric, best.baseline_objective)})")
-    else:
-        gain = f"gain over the baseline: n/a ({html.escape(str(best.baseline_note), quote=False)})"
+    if done.empty:
+        return (f"<p class='fail'>No trial completed ({len(trials)} failed): there is no "
+                "configuration to recommend.</p>", None)
+    verdict = decide(trials, spec.objective.metric, maximize, spec.sla)
+    css = "ok" if verdict.number is not None else "bad"
+    text = "".join(f"<p class='{css}' id='verdict'>{html.escape(line, quote=False)}</p>"
+                   for line in verdict.lines)
+    text += f"<p>SLA: {html.escape(limits)}.</p>"
+    if verdict.ship is None:
+        return text, None
+    row = trials[trials["trial_number"] == verdict.ship].iloc[0]
+    what = "Winner" if verdict.number is not None else "Keep vLLM's defaults"
     cells = "".join(f"<tr><th>{html.escape(flag_name(p))}</th><td>{esc(row[p])}</td></tr>"
                     for p in params)
-    return (f"<p class='ok'><b>Trial {best.number}</b>: {metric} = "
-            f"<b>{html.escape(with_unit(metric, best.objective))}</b>, {gain}. "
-            f"SLA: {html.escape(limits)}.</p>"
-            f"<table>{cells}</table><p>Command:</p>"
-            f"<pre id='serve-command'>{html.escape(best.serve_command, quote=False)}</pre>",
-            best.number)
+    command = html.escape(str(row["serve_command"]), quote=False)
+    return (f"{text}<p><b>{what}: trial {verdict.ship}</b></p><table>{cells}</table>"
+            f"<p>Command:</p><pre id='serve-command'>{command}</pre>", verdict.ship)
 
 
 def _result(row: Mapping[str, object]) -> tuple[str, str]:

@@ -8,6 +8,7 @@ by the trials that ran side by side (1 for the CPU engine).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from framework.results.queries import pareto_front
 from framework.results.queries import result_label
 from framework.results.rows import param_column
 from framework.results.rows import plain
+from framework.results.verdict import SweepVerdict
+from framework.results.verdict import decide
 
 SHOWN_VIOLATIONS = 5
 """SLA-violating trials `status` names with their broken limits (the latest ones)."""
@@ -47,6 +50,7 @@ class Status:
     remaining_s: float | None
     driver_pid: int | None
     stopped_early: int = 0  # COMPLETE trials whose load stopped early (SLA surely broken)
+    verdict: str | None = None  # results.verdict's headline
     baseline: str | None = None  # the baseline trial's number, objective and result
     violations: tuple[str, ...] = ()  # the latest SLA-violating trials and what they broke
 
@@ -63,7 +67,8 @@ class Status:
                 f"{self.infeasible}{early}); infeasible (not launched) {self.rejected}; "
                 + (f"pruned {self.pruned}; " if self.pruned else "") + f"failed: {fails}",
                 *([f"  baseline (vLLM's defaults): {self.baseline}"] if self.baseline else []),
-                f"  best feasible: {best}",
+                f"  best feasible single measurement: {best}",
+                *([f"  verdict: {self.verdict}"] if self.verdict else []),
                 *[f"  SLA violated: {v}" for v in self.violations],
                 f"  elapsed {self.elapsed_s / 60:.1f} min; remaining {remaining}"]
 
@@ -81,9 +86,10 @@ def live_driver(state_file: Path) -> int | None:
 
 def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize: bool,
                  concurrency: int, driver_pid: int | None,
-                 objective_metric: str | None = None) -> Status:
+                 objective_metric: str | None = None,
+                 sla: Mapping[str, float] | None = None) -> Status:
     """The sweep's progress from its trial rows; `objective_metric` names the objective's unit
-    in the baseline and violation lines."""
+    in the baseline and violation lines; with it, the verdict so far (results.verdict)."""
     if trials.empty:
         return Status(0, target, 0, 0, 0, {}, 0, 0, None, None, 0.0, None, driver_pid)
     complete = trials[trials["state"] == "COMPLETE"]
@@ -115,7 +121,9 @@ def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize:
                                      & (trials["state"] == "COMPLETE")).sum()),
                   baseline=(_trial_text(base.iloc[0].to_dict(), objective)
                             if not base.empty else None),
-                  violations=violations)
+                  violations=violations,
+                  verdict=(decide(trials, objective_metric, maximize, sla or {}).headline
+                           if objective_metric is not None else None))
 
 
 def _trial_text(row: dict, objective: str) -> str:
@@ -125,23 +133,38 @@ def _trial_text(row: dict, objective: str) -> str:
     return f"trial {int(row['trial_number'])}: {value}{result_label(row)}"
 
 
-def best_as_yaml(trials: pd.DataFrame, params: list[str], maximize: bool,
+def verdict_text(trials: pd.DataFrame, verdict: SweepVerdict, objective: str) -> str:
+    """What `best` says next to the command: the trial it ships with its value, then the
+    verdict (with its interval)."""
+    if verdict.ship is None:
+        return verdict.headline
+    row = trials[trials["trial_number"] == verdict.ship].iloc[0]
+    what = "vLLM's defaults, " if verdict.number is None else ""
+    value = verdict.estimate if verdict.number is not None else verdict.baseline
+    shown = with_unit(objective, value.value if value else row["objective"])
+    return f"trial {verdict.ship} ({what}{objective} {shown}): {verdict.headline}"
+
+
+def best_as_yaml(trials: pd.DataFrame, verdict: SweepVerdict, params: list[str],
                  fixed: dict[str, Scalar], model: str,
-                 run_params: Sequence[str] = ()) -> str | None:
-    """The best feasible trial as YAML: its objective, every vLLM flag it ran with, and
-    (`load`) the values of its run settings (search parameters of kind run)."""
-    best = best_trial(trials, params, maximize)
-    if best is None:
-        return None
-    row = trials[trials["trial_number"] == best.number].iloc[0]
+                 run_params: Sequence[str] = ()) -> str:
+    """The configuration to ship (`verdict.ship`, which must be set) as YAML: the verdict, its
+    gain interval, every vLLM flag it runs with, and (`load`) its run settings."""
+    number = verdict.ship
+    assert number is not None
+    row = trials[trials["trial_number"] == number].iloc[0]
     values = {p: plain(row[param_column(p)]) for p in params if p not in run_params}
     flags = trial_flags(fixed, values, bool(row["is_baseline"]))
-    out = {"trial": best.number, "objective": best.objective, "model": model, "flags": flags,
-           "command": best.serve_command}
+    est = verdict.estimate if verdict.number is not None else verdict.baseline
+    out: dict[str, object] = {
+        "trial": number, "verdict": verdict.kind, "statement": verdict.headline,
+        "objective": est.value if est else plain(row["objective"]),
+        "gain": verdict.gain.value if verdict.gain else None,
+        "gain_ci95": [verdict.gain.low, verdict.gain.high] if verdict.gain else None,
+        "model": model, "flags": flags, "command": str(row["serve_command"])}
     if run_params:
         out["load"] = {p: plain(row[param_column(p)]) for p in run_params}
     return yaml.safe_dump(out, sort_keys=False)
-
 
 
 def pareto_trials(trials: pd.DataFrame, metrics: list[str], directions: list[str]) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
 from framework.trial.precision import Noise
@@ -71,8 +72,9 @@ class Gain:
 class SweepVerdict:
     """`kind`: winner (a gain beyond the noise, or the defaults break the SLA and this meets it),
     not_distinguishable, defaults_better, no_feasible, no_baseline (no baseline measured: the
-    best is named without a gain), no_results. `number`: the trial whose command to ship
-    (None: keep vLLM's defaults or nothing to ship). `lines`: what to print, headline first."""
+    best is named without a gain), no_results. `number`: the winning trial (None: no winner);
+    `ship`: the trial whose command to ship, the winner or, when nothing beat vLLM's defaults,
+    the baseline (None: nothing to ship). `lines`: what to print, headline first."""
 
     kind: str
     number: int | None
@@ -82,10 +84,18 @@ class SweepVerdict:
     baseline_breaks: str | None
     confirmed: bool
     lines: tuple[str, ...]
+    baseline_number: int | None = None
 
     @property
     def headline(self) -> str:
         return self.lines[0]
+
+    @property
+    def ship(self) -> int | None:
+        if self.number is not None:
+            return self.number
+        return self.baseline_number if self.kind in ("not_distinguishable", "defaults_better") \
+            else None
 
 
 def _estimate(members: list[Member], noise: Noise) -> Estimate | None:
@@ -134,7 +144,9 @@ def _measured(rows: pd.DataFrame) -> pd.DataFrame:
 
 def origins(trials: pd.DataFrame) -> dict[int, pd.DataFrame]:
     """Origin trial number -> its rows (the origin first, then its confirmation runs)."""
-    origin = trials["confirmation_of"].fillna(trials["trial_number"]).astype(int)
+    if "confirmation_of" not in trials:
+        trials = trials.assign(confirmation_of=None)
+    origin = trials["confirmation_of"].astype(float).fillna(trials["trial_number"]).astype(int)
     return {int(o): rows.sort_values("trial_number") for o, rows in trials.groupby(origin)}
 
 
@@ -155,11 +167,12 @@ def _fmt(value: float, key: str) -> str:
 
 
 def breaks(rows: pd.DataFrame, sla: Mapping[str, float]) -> list[str]:
-    """The SLA limits a configuration breaks, judged on the mean of each SLA metric over its
-    COMPLETE measurements (every fresh server counts alike): "p99_tpot_ms 6.1 ms > 4.5 ms"."""
+    """The load limits (vocabulary.load_limits) a configuration breaks, judged on the mean of
+    each SLA metric over its COMPLETE measurements (every fresh server counts alike):
+    "p99_tpot_ms 6.1 ms > 4.5 ms"."""
     done = rows[rows["state"] == "COMPLETE"]
     out = []
-    for key, limit in sla.items():
+    for key, limit in load_limits(sla).items():
         if key in done and done[key].notna().any():
             mean = float(done[key].astype(float).mean())
             if mean > limit:
@@ -168,17 +181,26 @@ def breaks(rows: pd.DataFrame, sla: Mapping[str, float]) -> list[str]:
 
 
 def _meets(rows: pd.DataFrame, sla: Mapping[str, float]) -> bool:
-    """Every measurement COMPLETE and no limit broken on the mean (`breaks`)."""
-    return bool((rows["state"] == "COMPLETE").all()) and not breaks(rows, sla)
+    """Every measurement COMPLETE, and either each one feasible or, over several fresh servers,
+    no load limit broken on the mean and no quality probe failed."""
+    if not bool((rows["state"] == "COMPLETE").all()):
+        return False
+    if bool((rows["feasible"] == True).all()):  # noqa: E712
+        return True
+    quality_failed = "quality_ok" in rows and bool((rows["quality_ok"] == False).any())  # noqa: E712
+    return len(rows) > 1 and not breaks(rows, sla) and not quality_failed
 
 
 def sla_breaks(rows: pd.DataFrame, sla: Mapping[str, float]) -> str | None:
     """How the baseline breaks the SLA ("p99_tpot_ms 6.1 ms > 4.5 ms (mean of 3 fresh
-    servers)"), None if it meets it."""
-    found = breaks(rows, sla)
-    if not found:
+    servers)"), None if it meets it (`_meets`)."""
+    done = rows[rows["state"] == "COMPLETE"]
+    if done.empty or _meets(done, sla):
         return None
-    n = int((rows["state"] == "COMPLETE").sum())
+    found = breaks(done, sla) or [
+        str(v) for v in done.get("sla_violations", pd.Series(dtype=object)).dropna() if v][:1] \
+        or ["its SLA"]
+    n = len(done)
     return f"{', '.join(found)} ({f'mean of {n} fresh servers' if n > 1 else 'one server'})"
 
 
@@ -229,10 +251,12 @@ def decide(trials: pd.DataFrame, objective: str, maximize: bool,
     g = gain_interval(est, base, noise.df, maximize)
     base_text = f"vLLM's defaults {_interval(base, unit)} over {base.servers} server(s)"
     if g is None:
-        return SweepVerdict("not_distinguishable", None, est, base, None, None, confirmed_any, (
-            f"Trial {number} measured {shown}; {base_text}. Not distinguishable from vLLM's "
-            "defaults: no configuration was measured on two fresh servers, so the noise is "
-            "unknown.",))
+        return SweepVerdict(
+            "not_distinguishable", None, est, base, None, None, confirmed_any,
+            baseline_number=base_no,
+            lines=(f"Trial {number} measured {shown}; {base_text}. Not distinguishable from "
+                   "vLLM's defaults: no configuration was measured on two fresh servers, so the "
+                   "noise is unknown.",))
     gain_text = (f"{g.value:+.1%} (95% interval {g.low:+.1%} to {g.high:+.1%})")
     if g.distinguishable and g.low > 0:
         return SweepVerdict("winner", number, est, base, g, None, confirmed_any, (
@@ -242,9 +266,9 @@ def decide(trials: pd.DataFrame, objective: str, maximize: bool,
     head = ("vLLM's defaults are better than every configuration tried" if g.distinguishable
             else f"Nothing beat vLLM's defaults beyond ±{g.half_width:.1%}: not distinguishable "
                  "from vLLM's defaults")
-    return SweepVerdict(kind, None, est, base, g, None, confirmed_any, (
-        f"{head}. The best candidate, trial {number}, measured {gain_text} ({shown}, {conf}) vs "
-        f"{base_text}.",))
+    return SweepVerdict(kind, None, est, base, g, None, confirmed_any, baseline_number=base_no,
+                        lines=(f"{head}. The best candidate, trial {number}, measured {gain_text} "
+                               f"({shown}, {conf}) vs {base_text}.",))
 
 
 def number(x: float) -> str:

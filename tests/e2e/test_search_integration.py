@@ -213,9 +213,9 @@ def test_confirmation_runs_remeasure_the_top_configurations_and_best_uses_them(
     env = cli_env(new_marker(), short_tmp)
     again = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=120)
     assert "nothing to run" in again.stdout  # confirmed once, not on every resume
-    means = {int(r["confirmation_of"]): (r["objective"] + originals.set_index("trial_number")
-                                         .loc[int(r["confirmation_of"]), "objective"]) / 2
-             for _, r in confirms.iterrows()}
+    # the winner is estimated from its confirmation run alone (the run that picked it won a
+    # maximum over noisy trials: results.verdict)
+    again_values = {int(r["confirmation_of"]): r["objective"] for _, r in confirms.iterrows()}
     best = run_cli(["best", str(sweep)], short_tmp, env, timeout_s=60)
-    winner = max(means, key=means.__getitem__)
+    winner = max(again_values, key=again_values.__getitem__)
     assert best.stdout.strip() == originals.set_index("trial_number").loc[winner, "serve_command"]
