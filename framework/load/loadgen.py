@@ -18,6 +18,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,8 +103,10 @@ class LoadResult:
                 f"start_s={self.start_s}, end_s={self.end_s})")
 
 
-def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, Any]:
-    """JSON body of one streaming completion request."""
+def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool,
+                       fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """JSON body of one streaming completion request, then ``fields`` (e.g. sampling) on top,
+    as vllm bench merges its extra_body last. No sampling field unless ``fields`` has it."""
     return {
         "model": model,
         "prompt": spec.prompt,
@@ -111,12 +114,14 @@ def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": 0,
+        **(fields or {}),
     }
 
 
-def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, Any]:
-    """JSON body of one streaming chat completion request: the prompt as one user message."""
+def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool,
+                 fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """JSON body of one streaming chat completion request: the prompt as one user message;
+    ``fields`` on top, as in completion_payload."""
     return {
         "model": model,
         "messages": [{"role": "user", "content": spec.prompt}],
@@ -124,11 +129,12 @@ def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, A
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": 0,
+        **(fields or {}),
     }
 
 
-ENDPOINTS: dict[str, tuple[str, Callable[[str, RequestSpec, bool], dict[str, Any]]]] = {
+Payload = Callable[[str, RequestSpec, bool, Mapping[str, Any] | None], dict[str, Any]]
+ENDPOINTS: dict[str, tuple[str, Payload]] = {
     "completions": ("/v1/completions", completion_payload),
     "chat": ("/v1/chat/completions", chat_payload),
 }
@@ -218,6 +224,7 @@ async def run_load(
     endpoint: Endpoint = "completions",
     duration_s: float | None = None,
     api_key: str | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """Send ``requests`` to ``base_url`` + ENDPOINTS[endpoint] and record each one.
 
@@ -228,7 +235,9 @@ async def run_load(
     record, counted in ``not_sent``); requests in flight finish. Keep-alive connections are
     pooled (at most one per request in flight); ``timeout_s`` bounds each request.
     ``on_done`` gets every record as it finishes. ``api_key``: see ``ConnectionPool``.
-    Records are returned in request order.
+    ``fields``: JSON body entries added to every request (framework.load.sampling's
+    request_fields, or a caller's own, e.g. a greedy probe's temperature and logprobs); none
+    by default, so the server's sampling defaults apply. Records are returned in request order.
     """
     if arrivals is not None and len(arrivals) != len(requests):
         raise ValueError(f"{len(arrivals)} arrivals for {len(requests)} requests")
@@ -253,7 +262,7 @@ async def run_load(
         delay = loop_start + offsets[index] - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        payload = make_payload(model, spec, ignore_eos)
+        payload = make_payload(model, spec, ignore_eos, fields)
         if semaphore is None:
             record = await stream_one(pool, path, index, payload, timeout_s, clock)
         else:

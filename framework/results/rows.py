@@ -21,7 +21,7 @@ from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
 from framework.base.vocabulary import Scalar
 from framework.trial.run import TrialOutcome
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: `sampling` (before it, every request was sent with temperature 0)
 _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens",
                 "max_concurrent_requests"}
 

@@ -28,6 +28,7 @@ from framework.engine.feasibility import read_model_facts
 from framework.engine.flag_check import installed_vllm_flags
 from framework.engine.flag_check import unknown_flag
 from framework.engine.model_info import read_model_info
+from framework.load.sampling import sampling_from
 from framework.load.workload import Dataset
 from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
@@ -181,9 +182,9 @@ SCREEN_SEED = 3000  # the screening run's requests and arrivals: workload seed +
 
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
-    `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs; in
-    capacity mode one request set per rate step (seeds `seed + 1000 + step`); repeats
-    `seed + 2000 + r`; the screening run `seed + 3000`."""
+    `seed + 1` (warm-up), arrivals, its sampling fields, and the SLA's per-request limits as
+    goodput SLOs; in capacity mode one request set per rate step (seeds `seed + 1000 +
+    step`); repeats `seed + 2000 + r`; the screening run `seed + 3000`."""
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -231,7 +232,8 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     sla_guard=dict(spec.sla) if spec.search.stop_early and spec.sla else None,
                     repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
                                      for r in range(1, spec.search.repeats)],
-                    screen=screen, screen_arrivals=screen_arrivals)
+                    screen=screen, screen_arrivals=screen_arrivals,
+                    sampling=sampling_from(w.sampling.set_fields()))
 
 
 def _arrivals(w: WorkloadSpec, n: int, seed: int) -> list[float] | None:
