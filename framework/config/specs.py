@@ -28,6 +28,7 @@ from framework.base.vocabulary import is_latency_metric
 from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
+from framework.config.sampling_spec import SamplingSpec
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
 from framework.config.search_spec import SearchSpec
@@ -133,6 +134,7 @@ class WorkloadSpec(_Spec):
     seed: int = 0
     request_timeout_s: float = Field(default=300.0, gt=0)
     percentiles: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # vllm bench's sampling flags
 
     @field_validator("percentiles")
     @classmethod

@@ -5,14 +5,15 @@ add_cli_args) gives the same concepts, with the same defaults; the JSON written 
 (with --save-detailed also its per-request lists, minus ``generated_texts``, which is not
 kept). Differences: --model must be a local model folder (its ``tokenizer.json`` tokenizes
 the prompts; vllm bench would also accept a Hub id); --endpoint also takes ``completions`` or
-``chat``; requests are greedy (temperature 0, where vllm bench leaves the server's default);
+``chat``; the sampling flags (--temperature, --top-p, ...: framework.load.sampling) are sent
+only when given, as vllm bench does, and are checked against vLLM's ranges first;
 --num-warmups sends that many requests drawn with seed + 1 (vllm bench repeats the first
 prompt); ``max_concurrent_requests`` is exact (see framework.load.metrics). Our own flags:
 --result-json, --duration-s, --request-timeout-s, --min/--max-prompt-tokens. Extra JSON keys:
 ``dataset_name``, ``not_sent``, ``setup_cpu_s`` (this process's CPU seconds before the
 measured run: interpreter, imports, prompts, warm-up), ``benchmark_phase_cpu_s`` (CPU seconds
-of the measured run and its metrics, the scope of vllm bench's ``benchmark()``) and
-``vllm_sweep_version``.
+of the measured run and its metrics, the scope of vllm bench's ``benchmark()``), ``sampling``
+(JSON of the sampling fields sent, "{}" for none) and ``vllm_sweep_version``.
 
 Neither vllm nor transformers is imported. This module's top level imports only the
 standard library, so that building the CLI parser stays cheap.
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from framework.base.errors import ConfigError
+from framework.load import sampling as sampling_flags
 
 if TYPE_CHECKING:
     from framework.load.loadgen import LoadResult
@@ -111,6 +113,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     a("--result-filename", default=None,
       help="file name for --save-result (default: vllm bench's pattern)")
     a("--disable-tqdm", action="store_true", help="accepted for compatibility (no progress bar)")
+    sampling_flags.add_cli_args(p)
 
 
 def parse_csv(value: str, flag: str) -> list[str]:
@@ -329,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(WHERE, "--" + flag.replace("_", "-"), value, "must be > 0")
     if args.num_warmups < 0:
         raise ConfigError(WHERE, "--num-warmups", args.num_warmups, "must be >= 0")
+    sampling = sampling_flags.from_args(args, WHERE)
     dataset = dataset_from_args(args)
     tokenizer_dir = Path(args.tokenizer or args.model)
     try:
@@ -346,7 +350,12 @@ def run(args: argparse.Namespace) -> int:
     model = args.served_model_name or args.model
     common = dict(max_concurrency=args.max_concurrency, timeout_s=args.request_timeout_s,
                   endpoint=endpoint, ignore_eos=args.ignore_eos or dataset.name != "sharegpt",
-                  api_key=os.environ.get("OPENAI_API_KEY") or None)
+                  api_key=os.environ.get("OPENAI_API_KEY") or None,
+                  fields=sampling_flags.request_fields(sampling))
+    if sampling.temperature is None:
+        print("Note: no --temperature: the server's default sampling applies, as with vllm "
+              "bench (vLLM: the model's generation_config, else temperature 1.0); "
+              "--temperature 0 is greedy.")
 
     async def bench() -> tuple[LoadResult, float]:
         if args.ready_check_timeout_sec > 0 and not await wait_ready(
@@ -373,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
             "burstiness": args.burstiness, "max_concurrency": args.max_concurrency}
     extra = {"dataset_name": dataset.name, "not_sent": result.not_sent,
              "setup_cpu_s": setup_cpu_s, "benchmark_phase_cpu_s": cpu_end - setup_cpu_s,
-             "vllm_sweep_version": __version__}
+             "sampling": sampling_flags.sampling_json(sampling), "vllm_sweep_version": __version__}
     details = per_request_lists(result, requests) if args.save_detailed else None
     out = result_json(meta, metrics, selected, percentiles, bool(slo), details, extra)
     print("\n".join(summary_lines(out, selected, percentiles)))

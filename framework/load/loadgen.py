@@ -18,6 +18,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +27,10 @@ from typing import Literal
 from framework.load.http_client import Connection
 from framework.load.http_client import ConnectionPool
 from framework.load.http_client import get
+from framework.load.sse import Clock
+from framework.load.sse import SSEState
 from framework.load.workload import RequestSpec
 
-Clock = Callable[[], float]
 Endpoint = Literal["completions", "chat"]
 
 ERROR_BODY_CHARS = 500
@@ -101,8 +103,10 @@ class LoadResult:
                 f"start_s={self.start_s}, end_s={self.end_s})")
 
 
-def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, Any]:
-    """JSON body of one streaming completion request."""
+def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool,
+                       fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """JSON body of one streaming completion request, then ``fields`` (e.g. sampling) on top,
+    as vllm bench merges its extra_body last. No sampling field unless ``fields`` has it."""
     return {
         "model": model,
         "prompt": spec.prompt,
@@ -110,12 +114,14 @@ def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": 0,
+        **(fields or {}),
     }
 
 
-def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, Any]:
-    """JSON body of one streaming chat completion request: the prompt as one user message."""
+def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool,
+                 fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """JSON body of one streaming chat completion request: the prompt as one user message;
+    ``fields`` on top, as in completion_payload."""
     return {
         "model": model,
         "messages": [{"role": "user", "content": spec.prompt}],
@@ -123,97 +129,15 @@ def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool) -> dict[str, A
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": 0,
+        **(fields or {}),
     }
 
 
-ENDPOINTS: dict[str, tuple[str, Callable[[str, RequestSpec, bool], dict[str, Any]]]] = {
+Payload = Callable[[str, RequestSpec, bool, Mapping[str, Any] | None], dict[str, Any]]
+ENDPOINTS: dict[str, tuple[str, Payload]] = {
     "completions": ("/v1/completions", completion_payload),
     "chat": ("/v1/chat/completions", chat_payload),
 }
-
-
-def error_text(error: Any) -> str:
-    """Readable text of an ``error`` object from an SSE event."""
-    if isinstance(error, dict):
-        message = error.get("message") or json.dumps(error)
-        kind = error.get("type") or error.get("code")
-        if kind:
-            return f"server error in stream ({kind}): {message}"
-        return f"server error in stream: {message}"
-    return f"server error in stream: {error}"
-
-
-# Byte patterns that cannot occur inside a JSON string value (its quotes are escaped), so a
-# message holding CONTENT_MARK but neither other mark is a content chunk without usage or
-# error: it is timed without being parsed (parsing was half of the client's CPU per chunk).
-# Servers that format JSON with spaces or send "usage": null simply take the parsing path.
-CONTENT_MARK, USAGE_MARK, ERROR_MARK = b'"choices":[{', b'"usage"', b'"error"'
-
-
-class SSEState:
-    """What one SSE stream has said so far; fed with body bytes as they arrive.
-
-    Only ``data:`` lines count (blank lines, ``:`` comments and other fields are skipped).
-    A message with non-empty ``choices`` is a content chunk (its time is ``clock()`` when
-    its line is fed); ``usage`` gives the token counts; ``[DONE]`` or an ``error`` object
-    sets ``done`` (the latter also ``error``); later lines are ignored. A message that is
-    not valid JSON raises ValueError, unless it is recognized as a plain content chunk by
-    CONTENT_MARK (then it is not parsed).
-    """
-
-    __slots__ = ("clock", "chunks", "prompt_tokens", "output_tokens", "usage_seen", "error",
-                 "done", "_tail")
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.chunks: list[float] = []
-        self.prompt_tokens = self.output_tokens = 0
-        self.usage_seen = self.done = False
-        self.error = ""
-        self._tail = b""
-
-    def feed(self, block: bytes) -> None:
-        """Body bytes, split anywhere; complete lines are handled now, the rest kept."""
-        lines = (self._tail + block).split(b"\n") if self._tail else block.split(b"\n")
-        self._tail = lines.pop()
-        for line in lines:
-            if self.done:
-                return
-            self.line(line)
-
-    def end(self) -> None:
-        """The body ended: handle a last line without a newline."""
-        if self._tail and not self.done:
-            self.line(self._tail)
-        self._tail = b""
-
-    def line(self, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return
-        data = line[5:].strip()
-        if not data:
-            return
-        if data == b"[DONE]":
-            self.done = True
-            return
-        if CONTENT_MARK in data and USAGE_MARK not in data and ERROR_MARK not in data:
-            self.chunks.append(self.clock())  # a plain content chunk: nothing else to read
-            return
-        message = json.loads(data)
-        if not isinstance(message, dict):
-            return
-        if message.get("error"):
-            self.error = error_text(message["error"])
-            self.done = True
-            return
-        if message.get("choices"):
-            self.chunks.append(self.clock())
-        usage = message.get("usage")
-        if usage:
-            self.usage_seen = True
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.output_tokens = int(usage.get("completion_tokens") or 0)
 
 
 async def stream_one(
@@ -300,6 +224,7 @@ async def run_load(
     endpoint: Endpoint = "completions",
     duration_s: float | None = None,
     api_key: str | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """Send ``requests`` to ``base_url`` + ENDPOINTS[endpoint] and record each one.
 
@@ -310,7 +235,9 @@ async def run_load(
     record, counted in ``not_sent``); requests in flight finish. Keep-alive connections are
     pooled (at most one per request in flight); ``timeout_s`` bounds each request.
     ``on_done`` gets every record as it finishes. ``api_key``: see ``ConnectionPool``.
-    Records are returned in request order.
+    ``fields``: JSON body entries added to every request (framework.load.sampling's
+    request_fields, or a caller's own, e.g. a greedy probe's temperature and logprobs); none
+    by default, so the server's sampling defaults apply. Records are returned in request order.
     """
     if arrivals is not None and len(arrivals) != len(requests):
         raise ValueError(f"{len(arrivals)} arrivals for {len(requests)} requests")
@@ -335,7 +262,7 @@ async def run_load(
         delay = loop_start + offsets[index] - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        payload = make_payload(model, spec, ignore_eos)
+        payload = make_payload(model, spec, ignore_eos, fields)
         if semaphore is None:
             record = await stream_one(pool, path, index, payload, timeout_s, clock)
         else:

@@ -7,6 +7,9 @@
 - model_config_sha256: SHA-256 of the model folder's config.json bytes.
 - workload_sha256: SHA-256 of the workload section (canonical JSON) plus the dataset file's
   bytes when there is one: equal digests mean the same requests were sent.
+- sampling: the sampling fields every request carried (workload.sampling), as compact JSON with
+  sorted keys, "{}" when none was set (the server's defaults applied); the same function
+  (framework.load.sampling.sampling_json) as `vllm-sweep bench`'s `sampling` key.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from framework.config.specs import SweepSpec
+from framework.load.sampling import sampling_from
+from framework.load.sampling import sampling_json
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROVENANCE_COLUMNS: list[tuple[str, str]] = [
     ("vllm_sweep_commit", "str"), ("hardware", "str"), ("device_count", "int"),
     ("model_path", "str"), ("model_config_sha256", "str"), ("workload_sha256", "str"),
+    ("sampling", "str"),
 ]
 
 
@@ -78,4 +84,5 @@ def provenance(spec: SweepSpec, nodes: Sequence[Mapping[str, float]]) -> dict[st
     return {"vllm_sweep_commit": git_commit(), "hardware": described, "device_count": count,
             "model_path": str(spec.model.resolve()),
             "model_config_sha256": file_sha256(spec.model / "config.json"),
-            "workload_sha256": workload_sha256(spec)}
+            "workload_sha256": workload_sha256(spec),
+            "sampling": sampling_json(sampling_from(spec.workload.sampling.set_fields()))}

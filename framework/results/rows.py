@@ -29,7 +29,7 @@ from framework.trial.objective import Verdict
 from framework.trial.objective import error_rate
 from framework.trial.run import TrialOutcome
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 3  # 3: `sampling` (before it, every request was sent with temperature 0)
 _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens",
                 "max_concurrent_requests"}
 

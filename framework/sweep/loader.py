@@ -27,6 +27,7 @@ from framework.engine.feasibility import check
 from framework.engine.feasibility import check_cpu
 from framework.engine.feasibility import read_model_facts
 from framework.engine.model_info import read_model_info
+from framework.load.sampling import sampling_from
 from framework.load.workload import Dataset
 from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
@@ -189,9 +190,10 @@ SCREEN_SEED = 3000  # the screening run's requests and arrivals: workload seed +
 
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
-    `seed + 1` (warm-up), arrivals, and the SLA's per-request limits as goodput SLOs; in
-    capacity mode one request set per rate step (seeds `seed + 1000 + step`); runs 2.. of
-    repeats or precision `seed + 2000 + r`; the screening run `seed + 3000`."""
+    `seed + 1` (warm-up), arrivals, its sampling fields, and the SLA's per-request limits as
+    goodput SLOs; in capacity mode one request set per rate step (seeds `seed + 1000 +
+    step`); runs 2.. of repeats or precision `seed + 2000 + r`; the screening run
+    `seed + 3000`."""
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -241,7 +243,8 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
                                      for r in range(1, spec.search.max_runs)],
                     screen=screen, screen_arrivals=screen_arrivals,
-                    min_runs=spec.search.repeats)
+                    min_runs=spec.search.repeats,
+                    sampling=sampling_from(w.sampling.set_fields()))
 
 
 def _arrivals(w: WorkloadSpec, n: int, seed: int) -> list[float] | None:

@@ -25,6 +25,8 @@ from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import run_load
 from framework.load.metrics import compute_metrics
+from framework.load.sampling import Sampling
+from framework.load.sampling import request_fields
 from framework.load.workload import RequestSpec
 from framework.load.workload import arrival_offsets
 from framework.trial.capacity import CapacitySettings
@@ -98,6 +100,7 @@ class LoadPlan:
     precision: PrecisionRule | None = None  # `search.precision`, set per trial by the runner
     screen: Sequence[RequestSpec] = ()  # `search.screen`'s short first run
     screen_arrivals: Sequence[float] | None = None
+    sampling: Sampling = Sampling()  # sent with every request (warm-up too); unset: not sent
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ def run_once(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
             base_url, plan.model, requests, arrivals=arrivals,
             max_concurrency=plan.max_concurrency, ignore_eos=plan.ignore_eos,
             timeout_s=plan.request_timeout_s, on_done=on_done, endpoint=plan.endpoint,
-            duration_s=duration_s, api_key=plan.api_key),
+            duration_s=duration_s, api_key=plan.api_key, fields=request_fields(plan.sampling)),
             None if math.isinf(deadline.left()) else max(0.0, deadline.left()))
 
     deadline.check(doing)

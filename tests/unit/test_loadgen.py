@@ -29,7 +29,7 @@ from tests.helpers import sse
 from tests.helpers import usage
 
 COMMON_PAYLOAD = {"model": "tiny", "ignore_eos": True, "stream": True,
-                  "stream_options": {"include_usage": True}, "temperature": 0}
+                  "stream_options": {"include_usage": True}}  # no sampling field unless given
 
 
 Leave = Callable[[], None]

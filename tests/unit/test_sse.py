@@ -1,11 +1,11 @@
-"""The streaming parser (`loadgen.SSEState`): split anywhere, fast path equal to full parsing,
+"""The streaming parser (`sse.SSEState`): split anywhere, fast path equal to full parsing,
 error events."""
 
 from __future__ import annotations
 
 import pytest
 
-from framework.load.loadgen import SSEState
+from framework.load.sse import SSEState
 from tests.helpers import DONE
 from tests.helpers import content
 from tests.helpers import counter_clock
