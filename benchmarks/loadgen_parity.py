@@ -4,9 +4,10 @@
 
 Starts one `vllm serve` of the tiny model (--enforce-eager --max-model-len 1024), warms it up,
 then alternates the two clients `--runs` times with the same random workload (300 prompts,
-256 tokens in, 64 out, --max-concurrency 16, --ignore-eos, greedy) and prints, per client,
-the median over runs of: median TTFT, median TPOT, median ITL, output throughput, and CPU
-seconds per 1000 output tokens for the whole client process and for the benchmark phase.
+256 tokens in, 64 out, --max-concurrency 16, --ignore-eos, --temperature 0 for both) and
+prints, per client, the median over runs of: median TTFT, median TPOT, median ITL, output
+throughput, and CPU seconds per 1000 output tokens for the whole client process and for the
+benchmark phase.
 Appends the tables, the command, the date and the machine load to docs/BENCHMARKS.md.
 
 CPU accounting:
@@ -172,14 +173,14 @@ def workload_args(args: argparse.Namespace) -> list[str]:
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
             "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.max_concurrency),
             "--ignore-eos", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,99"]
+            "--metric-percentiles", "50,99", "--temperature", "0"]  # greedy, both clients
 
 
 def run_vllm_bench(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     stdout, cpu = run_timed([sys.executable, "-c", VLLM_BENCH_TIMED, "--backend", "openai",
-                             "--base-url", url, *workload_args(args), "--temperature", "0",
-                             "--save-result", "--result-dir", str(out.parent),
-                             "--result-filename", out.name, "--disable-tqdm"])
+                             "--base-url", url, *workload_args(args), "--save-result",
+                             "--result-dir", str(out.parent), "--result-filename", out.name,
+                             "--disable-tqdm"])
     phase = next(float(line.split("=", 1)[1]) for line in stdout.splitlines()
                  if line.startswith("BENCHMARK_PHASE_CPU_S="))
     return checked({**json.loads(out.read_text()), "whole_cpu_s": cpu, "phase_cpu_s": phase},
@@ -339,7 +340,7 @@ def main() -> int:
     preamble = (
         f"Command: `.venv/bin/python {command.strip()}` ({args.runs} alternating runs per "
         f"client; {args.num_prompts} random prompts, {args.input_len} in / {args.output_len} "
-        f"out, --max-concurrency {args.max_concurrency}, --ignore-eos, temperature 0; one "
+        f"out, --max-concurrency {args.max_concurrency}, --ignore-eos, --temperature 0; one "
         "`vllm serve models/tiny-llama --enforce-eager --max-model-len 1024`, "
         "VLLM_CPU_KVCACHE_SPACE=1). Values are medians over the runs.\n\n"
         f"Machine load: before `{load_before}`; after `{load_after}`.")

@@ -108,8 +108,9 @@ def decompose(starts: list[float], ttfts: list[float], pairs: list[list[float]]
               ) -> dict[str, float | None]:
     """Each probe pair (write, first content read) matched to the request whose first-token
     stamp is the earliest at or after the read and whose start is at or before the write;
-    medians (ms) of send lead = write - start, wire = read - write, receive lag = stamp - read,
-    and the share of requests matched."""
+    means (ms) over the matched requests of TTFT = send lead + wire + receive lag (send lead
+    = write - start, wire = read - write, receive lag = stamp - read), and the share of
+    requests matched."""
     firsts = sorted((s + t, s) for s, t in zip(starts, ttfts) if t > 0)
     used: set[int] = set()
     lead, wire, lag = [], [], []
@@ -126,9 +127,10 @@ def decompose(starts: list[float], ttfts: list[float], pairs: list[list[float]]
         lag.append(stamp - read)
 
     def ms(values: list[float]) -> float | None:
-        return 1000 * statistics.median(values) if values else None
+        return 1000 * statistics.fmean(values) if values else None
 
-    return {"send_lead_ms": ms(lead), "wire_ms": ms(wire), "receive_lag_ms": ms(lag),
+    return {"matched_ttft_ms": ms([a + b + c for a, b, c in zip(lead, wire, lag)]),
+            "send_lead_ms": ms(lead), "wire_ms": ms(wire), "receive_lag_ms": ms(lag),
             "matched": len(used) / len(firsts) if firsts else 0.0}
 
 
@@ -163,6 +165,8 @@ def run_client(name: str, url: str, args: argparse.Namespace, mode: str, out: Pa
            "output_throughput": result["output_throughput"], "duration": result["duration"],
            **{f"{s}_{m}_ms": result[f"{s}_{m}_ms"] for s in ("median", "mean") for m in METRICS},
            **{f"server_{k}": v for k, v in server.items()},
+           # Little's law: requests inside the server on average = req/s x server mean E2EL
+           "in_server": args.num_prompts / result["duration"] * server["mean_e2el_ms"] / 1000,
            **decompose(result["start_times"], result["ttfts"],
                        json.loads(probe_out.read_text()))}
     return row
@@ -208,17 +212,18 @@ def mode_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def ttft_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The TTFT split of the probe, and the clients' CPU, per client and mode."""
-    lines = ["| mode | client | TTFT ms | send lead ms | wire ms | receive lag ms | matched | "
-             "server TTFT ms | phase CPU-s | whole CPU-s | load1 |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """The TTFT split of the probe (means), requests inside the server, and the clients' CPU,
+    per client and mode."""
+    lines = ["| mode | client | mean TTFT ms | send lead ms | wire ms | receive lag ms | matched "
+             "| server mean TTFT ms | requests in server | phase CPU-s | whole CPU-s | load1 |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for mode in dict.fromkeys(r["mode"] for r in rows):
         for client in CLIENTS:
             rs = [r for r in rows if r["mode"] == mode and r["client"] == client]
-            lines.append(f"| {mode} | {client} | {spread(rs, 'median_ttft_ms', 2)} | "
+            lines.append(f"| {mode} | {client} | {spread(rs, 'matched_ttft_ms', 2)} | "
                          f"{spread(rs, 'send_lead_ms', 3)} | {spread(rs, 'wire_ms', 2)} | "
                          f"{spread(rs, 'receive_lag_ms', 3)} | {med(rs, 'matched'):.2f} | "
-                         f"{spread(rs, 'server_median_ttft_ms', 2)} | "
+                         f"{spread(rs, 'server_mean_ttft_ms', 2)} | {spread(rs, 'in_server', 2)} | "
                          f"{spread(rs, 'phase_cpu_s', 2)} | {spread(rs, 'whole_cpu_s', 2)} | "
                          f"{spread(rs, 'load1', 1)} |")
     return lines
@@ -288,14 +293,20 @@ def main() -> int:
     section = []
     for mode in modes:
         section += [f"Mode `{mode}`:", "", *mode_table([r for r in rows if r["mode"] == mode]), ""]
-    section += ["TTFT split by the transport probe (medians over matched requests, per run; "
-                "then median [min-max] over runs):", "", *ttft_table(rows), "",
+    section += ["TTFT split by the transport probe (per run the mean over matched requests, "
+                "TTFT = send lead + wire + receive lag; then median [min-max] over runs); "
+                "requests in server = completed / duration x the server's mean E2EL "
+                f"(Little's law; the client allows {args.max_concurrency}):", "",
+                *ttft_table(rows), "",
                 "Targets:", "", *verdicts(rows), ""]
     text = "\n".join(section)
     print(preamble + "\n\n" + text)
+    variant = ", ".join(([f"--max-concurrency {args.max_concurrency}"]
+                         if args.max_concurrency != 16 else [])
+                        + ([f"clients under `{args.client_wrap}`"] if args.client_wrap else []))
     if not args.no_doc:
-        append_section("Latency truth: clients vs the server's histograms", preamble, text,
-                       started)
+        append_section("Latency truth: clients vs the server's histograms"
+                       + (f" ({variant})" if variant else ""), preamble, text, started)
     return 0
 
 

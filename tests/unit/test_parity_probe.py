@@ -18,6 +18,7 @@ def test_each_pair_goes_to_the_request_it_timed() -> None:
     assert out["send_lead_ms"] == pytest.approx(0.75)
     assert out["wire_ms"] == pytest.approx(40.25)
     assert out["receive_lag_ms"] == pytest.approx(1.5)
+    assert out["matched_ttft_ms"] == pytest.approx(42.5)  # the two TTFTs' mean: the parts add up
 
 
 def test_unmatched_pairs_and_failed_requests_are_left_out() -> None:
