@@ -37,6 +37,7 @@ def test_quickstart_loads_with_its_values():
     assert math.isinf(w.request_rate) and w.request_rate > 0  # YAML `.inf`
     assert w.warmup_requests == 32
     assert w.seed == 0
+    assert w.sampling.set_fields() == {"temperature": 0.0}
     assert w.percentiles == (25, 50, 75, 90, 95, 99)  # default covers the p99 SLA keys
     assert (spec.objective.metric, spec.objective.direction) == ("output_throughput", "maximize")
     assert spec.sla == {"p99_ttft_ms": 500, "p99_tpot_ms": 4.5}
