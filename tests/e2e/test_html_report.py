@@ -165,7 +165,7 @@ def test_report_without_feasible_or_completed_trials_is_sentences(fake_sweep, tm
     infeasible = trials.assign(feasible=trials["feasible"].map(lambda v: False if v else v))
     out = render_report(infeasible, fake_sweep.spec, None, tmp_path / "infeasible.html")
     text = out.read_text(encoding="utf-8")
-    assert "No feasible configuration: none of the 3 completed trials met the SLA" in text
+    assert "No feasible configuration: no configuration met the SLA." in text  # the verdict
     assert "No parameter importances" in text
     assert trial_table_rows(text) == len(trials)
 
