@@ -32,6 +32,7 @@ from framework.sweep.loader import load
 from framework.sweep.loader import server_env
 from framework.sweep.runner import Runner
 from tests.helpers import MARKER_VAR
+from tests.helpers import NO_REMEASURE
 from tests.helpers import ROOT
 from tests.helpers import new_marker
 from tests.helpers import wait_no_marked_processes
@@ -119,7 +120,7 @@ def write_sweep(tmp: Path, model: Path) -> Path:
         "workload": {"num_prompts": 16, "input_len": 32, "output_len": 8, "warmup_requests": 2,
                      "max_concurrency": 4, "seed": 0},
         "sla": {"min_token_agreement": 0.95},
-        "search": {"sampler": "random", "n_trials": 3, "seed": 0},
+        "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 3, "seed": 0},
         "results_dir": str(tmp / "results")}))
     return sweep
 
