@@ -180,4 +180,4 @@ def test_the_probe_fails_fp8_kv_cache_and_passes_a_max_num_seqs_change(tiny_mode
     page = render_report(sweep.store.read_trials(), sweep.spec, None,
                          short_tmp / "report.html").read_text()
     assert "<h2>Output quality</h2>" in page and "outputs changed" in page
-    assert "min_token_agreement &gt;= 0.95" in page
+    assert "min_token_agreement &gt;= 95%" in page
