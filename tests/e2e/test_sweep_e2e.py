@@ -34,7 +34,7 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
         first = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=600)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         assert "trial 0" in first.stdout and "trial 1" in first.stdout
-        assert "vllm serve" in first.stdout
+        assert "vLLM's defaults" in first.stdout  # the verdict: a winner only beyond the noise
         assert wait_no_marked_processes(marker) == []
 
         trials = read_trials(short_tmp / "results", "e2e")
