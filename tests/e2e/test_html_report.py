@@ -25,6 +25,7 @@ from framework.config.specs import load_sweep
 from framework.results.diagnosis import VERDICTS
 from framework.results.html_report import render_report
 from framework.results.store import ResultStore
+from framework.results.verdict import decide
 from framework.search.tuner import param_importances
 from tests.browser import check_report
 from tests.browser import external_references
@@ -130,9 +131,12 @@ def test_report_of_a_fake_sweep_renders_in_chromium(fake_sweep, tmp_path):
 
     text = out.read_text(encoding="utf-8")
     assert external_references(text) == []
-    best = trials[(trials["state"] == "COMPLETE") & (trials["feasible"] == True)]  # noqa: E712
-    best = best.loc[best["objective"].idxmax()]
-    assert html.escape(best["serve_command"], quote=False) in text
+    spec = fake_sweep.spec
+    verdict = decide(trials, spec.objective.metric, spec.objective.direction == "maximize",
+                     spec.sla)  # the report ships what the verdict ships, and says why
+    shipped = trials[trials["trial_number"] == verdict.ship].iloc[0]
+    assert html.escape(str(shipped["serve_command"]), quote=False) in text
+    assert html.escape(verdict.headline, quote=False) in text
     assert trial_table_rows(text) == len(trials)
     failures = text[text.index("<h2>Failures</h2>"):]
     number = int(failed.iloc[0]["trial_number"])
