@@ -124,26 +124,14 @@ def confirmed_trials():
         "objective_cv": [None] * len(rows)})
 
 
-def test_best_after_confirmation_runs_is_the_best_confirmed_mean():
-    from framework.results.console import best_trial
-    from framework.results.console import confirmed_scores
+def test_confirmation_runs_move_the_noise_line_and_not_the_best_single_measurement():
     from framework.results.console import noise_line
+    from framework.results.queries import best_row
 
     trials = confirmed_trials()
-    assert confirmed_scores(trials) == {1: 135.0, 2: 139.0}
-    best = best_trial(trials, [], maximize=True)
-    assert (best.number, best.objective, best.serve_command) == (2, 139.0, "vllm serve m --t 2")
-    assert best.gain == pytest.approx(0.39)
-    # a confirmation that broke the SLA drops its configuration
-    broken = trials.copy()
-    broken.loc[broken["trial_number"] == 4, "feasible"] = False
-    assert best_trial(broken, [], maximize=True).number == 1
     # |120 - 150| / 150 = 20%, |138 - 140| / 140 = 1.4%: median 10.7%
     assert "confirmation runs moved the objective by 10.7% (median of 2)" in noise_line(trials)
-
-
-def test_without_confirmations_best_is_the_single_best_measurement():
-    from framework.results.console import best_trial
-
-    trials = confirmed_trials().iloc[:3].copy()
-    assert best_trial(trials, [], maximize=True).number == 1
+    # status names the best single measurement (trial 1's 150); which configuration ships is
+    # results.verdict's (tests/unit/test_verdict.py), never a second rule here
+    assert int(best_row(trials, maximize=True)["trial_number"]) == 1
+    assert noise_line(trials.iloc[:3].copy()) is None
