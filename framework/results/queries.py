@@ -120,12 +120,14 @@ def trial_params(trials: pd.DataFrame, number: int, params: Sequence[str]) -> di
 def confirmation_candidates(trials: pd.DataFrame, params: Sequence[str], k: int,
                             maximize: bool, skip_baseline: bool
                             ) -> list[tuple[int, dict[str, object], bool]]:
-    """The k best COMPLETE, feasible trials that are not themselves re-measurements, one per
-    configuration (serve_command), as (number, parameters, is_baseline), best first."""
+    """The k best COMPLETE, feasible trials that are not themselves re-measurements and have
+    none yet, one per configuration (serve_command), as (number, parameters, is_baseline),
+    best first."""
     if trials.empty:
         return []
     ok = ok_trials(trials)
-    ok = ok[ok["confirmation_of"].isna()]
+    confirmed = set(trials["confirmation_of"].dropna().astype(int))
+    ok = ok[ok["confirmation_of"].isna() & ~ok["trial_number"].isin(confirmed)]
     if skip_baseline:
         ok = ok[ok["is_baseline"] != True]  # noqa: E712
     top = ok.sort_values("objective", ascending=not maximize).drop_duplicates("serve_command")

@@ -57,6 +57,7 @@ from framework.sweep.quality_gate import QualityGate
 from framework.sweep.remeasure import precision_rule
 from framework.sweep.remeasure import queue_confirmations
 from framework.sweep.remeasure import queue_interleaved
+from framework.sweep.remeasure import queue_more_confirmations
 from framework.sweep.server_pool import ServerPool
 from framework.sweep.trial_plan import Running
 from framework.sweep.trial_plan import TrialPlan
@@ -182,13 +183,20 @@ class Runner:
         if loop.done < loop.target:
             return True
         top, base = self._queue_confirmations()
-        if not top + base:
-            return False
+        if top + base:
+            then = ", then vLLM's defaults" if base else ""
+            note = (f"confirmation runs on fresh servers: the {top} best feasible "
+                    f"configurations once more{then}")
+        else:
+            top = queue_more_confirmations(self.spec, self.sweep.space, self.tuner,
+                                           self.store.read_trials())
+            if not top:
+                return False
+            note = (f"no confirmed configuration met the SLA on its fresh servers: confirming "
+                    f"the next {top} best feasible")
         loop.target += top + base
         loop.progress.total = loop.target
-        then = ", then vLLM's defaults" if base else ""
-        loop.progress.note(f"confirmation runs on fresh servers: the {top} best feasible "
-                           f"configurations once more{then}")
+        loop.progress.note(note)
         return True
 
     def _ask_and_launch(self, loop: _Loop) -> None:
