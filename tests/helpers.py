@@ -9,6 +9,7 @@ afterwards with psutil: that finds the sweep's Ray and vLLM processes (and only 
 from __future__ import annotations
 
 import contextlib
+import io
 import ipaddress
 import json
 import os
@@ -90,6 +91,35 @@ def new_marker() -> str:
 def run_cli(args: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+def cli_in_process(*args: str, cwd: Path = ROOT,
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`vllm-sweep ARGS` as `framework.cli.main(ARGS)` in this process, in `cwd` (and with
+    `env` as the whole environment, if given; both restored after): its exit code (argparse's
+    SystemExit too), stdout and stderr, as run_cli returns them. vLLM is then imported once per
+    pytest process instead of once per command (~10 s CPU each). A traceback is not caught:
+    it fails the test. What only a child process shows (the entry point, warnings printed at
+    import) is tested through run_cli in tests/unit/test_cli.py."""
+    from framework.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["vllm-sweep", *args], code, out.getvalue(), err.getvalue())
 
 
 @contextlib.contextmanager
