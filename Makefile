@@ -53,7 +53,7 @@ check: lint model
 	$(BIN)/python -m pytest -ra tests/unit
 
 test: lint model browser
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra --durations=25
 
 # Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then
 # tests/gpu (each skips itself without CUDA, two GPUs, or a second GPU node: RAY_ADDRESS).

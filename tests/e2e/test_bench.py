@@ -1,16 +1,16 @@
-"""`vllm-sweep bench`: flag names and JSON keys as vllm bench's, its pure parts, and (marked
-`server`) real runs against ONE vLLM server shared by the module: prompts, totals, chat, and
-the /metrics sampler."""
+"""`vllm-sweep bench`: real runs against the session's shared vLLM server (tests/e2e/conftest.py,
+`vllm_server`; its API key sent as vllm bench sends it, OPENAI_API_KEY): prompts, totals, chat,
+and the /metrics sampler."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks.loadgen_parity import VllmServer
 from framework.engine.server_metrics import MetricsSampler
 from framework.engine.server_metrics import summarize
 from framework.load.loadgen import run_load
@@ -20,19 +20,19 @@ from tests.helpers import DETAIL_KEYS
 from tests.helpers import ROOT
 from tests.helpers import SAMPLE
 from tests.helpers import VLLM_KEYS
+from tests.helpers import SharedServer
 from tests.helpers import bench_cli
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with VllmServer(tiny_model, log, startup_timeout_s=240) as running:
-        yield running
+@pytest.fixture
+def server(vllm_server: SharedServer) -> SharedServer:
+    return vllm_server
 
 
-def bench_json(server: VllmServer, out: Path, *args: str) -> dict:
+def bench_json(server: SharedServer, out: Path, *args: str) -> dict:
     res = bench_cli("--base-url", server.base_url, "--model", str(ROOT / "models" / "tiny-llama"),
-                  "--result-json", str(out), "--save-detailed", *args)
+                    "--result-json", str(out), "--save-detailed", *args,
+                    env=dict(os.environ, OPENAI_API_KEY=server.api_key))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "Serving Benchmark Result" in res.stdout
     return json.loads(out.read_text())
@@ -85,7 +85,7 @@ def test_metrics_sampler_on_a_live_server(server):
                        prefix_groups=2).requests(tokenizer, 64, seed=11)
     sampler = MetricsSampler(server.base_url, interval_s=0.2).start()
     result = asyncio.run(run_load(server.base_url, str(ROOT / "models" / "tiny-llama"), requests,
-                                  max_concurrency=8))
+                                  max_concurrency=8, api_key=server.api_key))
     sampled = sampler.stop()
     assert all(r.success for r in result.records)
     assert sampled.errors == 0 and len(sampled.samples) >= 3

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
+from tests.helpers import cli_in_process
 from tests.helpers import write_rows
 
 
@@ -26,6 +27,12 @@ def sweep_file(tmp: Path, tiny_model: Path) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
+    """The command in this process (tests.helpers.cli_in_process)."""
+    return cli_in_process(*args)
+
+
+def cli_child(*args: str) -> subprocess.CompletedProcess:
+    """The command as a child process: what `$(vllm-sweep best ...)` captures."""
     return subprocess.run([sys.executable, "-m", "framework.cli", *args], capture_output=True,
                           text=True, timeout=120)
 
@@ -50,7 +57,7 @@ def test_status_of_a_killed_sweep(tmp_path, tiny_model):
 def test_best_ships_the_defaults_when_no_gain_is_distinguishable(tmp_path, tiny_model):
     write_rows(tmp_path / "results")
     sweep = str(sweep_file(tmp_path, tiny_model))
-    res = cli("best", sweep)
+    res = cli_child("best", sweep)
     # every configuration was measured on one server only, so the server-to-server noise is
     # unknown and trial 1's 150 tok/s is no known gain over the defaults' 100: stdout is the
     # defaults' command alone (for $(vllm-sweep best ...)); stderr says why, in one line
