@@ -32,6 +32,7 @@ from framework.config.sampling_spec import SamplingSpec
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
 from framework.config.search_spec import SearchSpec
+from framework.config.trace_spec import TimedTraceSpec
 from framework.config.yaml_io import SecretInSweep
 from framework.config.yaml_io import load_validated
 
@@ -107,13 +108,17 @@ class WorkloadSpec(_Spec):
 
     dataset: `random` (input_len, output_len, range_ratio), `sharegpt` (dataset_path, a
     ShareGPT JSON/JSONL file; optional min/max_prompt_tokens, inclusive) or `prefix-shared`
-    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len).
+    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len) or
+    `timed_trace` (dataset_path, a JSONL or Azure-style CSV trace read as the `timed_trace:`
+    section says, config.trace_spec; its first num_prompts rows are sent at their timestamps
+    divided by `speed_up`, which a search space may vary as `speed-up`, kind: run; the
+    completions endpoint only, and no request_rate or burstiness: the trace times requests).
     endpoint: `completions` (/v1/completions) or `chat` (/v1/chat/completions).
     duration_s: stop sending new requests after this many seconds (requests in flight
     finish); the run also ends when num_prompts have been sent.
     """
 
-    dataset: Literal["random", "sharegpt", "prefix-shared"] = "random"
+    dataset: Literal["random", "sharegpt", "prefix-shared", "timed_trace"] = "random"
     tokenizer: Path | None = None  # folder with tokenizer.json; default: the model folder
     dataset_path: Path | None = None
     min_prompt_tokens: int | None = Field(default=None, gt=0)
@@ -135,6 +140,8 @@ class WorkloadSpec(_Spec):
     request_timeout_s: float = Field(default=300.0, gt=0)
     percentiles: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # vllm bench's sampling flags
+    timed_trace: TimedTraceSpec | None = None  # dataset timed_trace: how its file is read
+    speed_up: float = Field(default=1.0, gt=0)  # dataset timed_trace: replay this many times faster
 
     @field_validator("percentiles")
     @classmethod
@@ -150,10 +157,13 @@ class WorkloadSpec(_Spec):
     def _for_its_dataset(cls, value: Any, info: Any) -> Any:  # info: pydantic.ValidationInfo
         dataset = info.data.get("dataset")
         wanted = "prefix-shared" if info.field_name.startswith("prefix") else "sharegpt"
+        if info.field_name == "dataset_path" and dataset == "timed_trace":
+            wanted = dataset
         if dataset is not None and dataset != wanted:
             raise ValueError(f"applies to dataset {wanted} only, not to dataset {dataset}")
         if info.field_name == "dataset_path" and not Path(value).is_file():
-            raise ValueError("file not found (a ShareGPT JSON or JSONL file)")
+            kind = "a JSONL or CSV trace" if wanted == "timed_trace" else "a ShareGPT JSON or JSONL file"
+            raise ValueError(f"file not found ({kind})")
         low = info.data.get("min_prompt_tokens")
         if info.field_name == "max_prompt_tokens" and low is not None and value < low:
             raise ValueError(f"max_prompt_tokens {value} < min_prompt_tokens {low}")
@@ -163,10 +173,25 @@ class WorkloadSpec(_Spec):
     def _dataset_complete(self) -> WorkloadSpec:
         if self.dataset == "sharegpt" and self.dataset_path is None:
             raise ValueError("dataset sharegpt needs dataset_path (a ShareGPT JSON or JSONL file)")
+        if self.dataset == "timed_trace":
+            self._trace_complete()
+        elif self.timed_trace is not None or self.speed_up != 1.0:
+            raise ValueError("timed_trace and speed_up apply to dataset timed_trace only")
         if self.dataset == "prefix-shared" and self.prefix_len >= self.input_len:
             raise ValueError(f"prefix_len {self.prefix_len} must be < input_len {self.input_len} "
                              "(each prompt needs a suffix of its own)")
         return self
+
+    def _trace_complete(self) -> None:
+        if self.dataset_path is None:
+            raise ValueError("dataset timed_trace needs dataset_path (a JSONL or CSV trace)")
+        if self.endpoint != "completions":
+            raise ValueError("dataset timed_trace sends token-id prompts: endpoint completions "
+                             "only (as vllm bench)")
+        if not math.isinf(self.request_rate) or self.burstiness != 1.0:
+            raise ValueError("dataset timed_trace sends each request at its timestamp: "
+                             "request_rate and burstiness do not apply (speed_up scales the "
+                             "trace's time)")
 
 
 def _known_metric(metric: str) -> str:

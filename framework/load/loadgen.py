@@ -106,10 +106,11 @@ class LoadResult:
 def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool,
                        fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """JSON body of one streaming completion request, then ``fields`` (e.g. sampling) on top,
-    as vllm bench merges its extra_body last. No sampling field unless ``fields`` has it."""
+    as vllm bench merges its extra_body last. No sampling field unless ``fields`` has it.
+    The prompt is ``spec.token_ids`` as a list of ids when set, else ``spec.prompt``."""
     return {
         "model": model,
-        "prompt": spec.prompt,
+        "prompt": spec.prompt if spec.token_ids is None else list(spec.token_ids),
         "max_tokens": spec.output_len,
         "ignore_eos": ignore_eos,
         "stream": True,
@@ -121,7 +122,10 @@ def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool,
 def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool,
                  fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """JSON body of one streaming chat completion request: the prompt as one user message;
-    ``fields`` on top, as in completion_payload."""
+    ``fields`` on top, as in completion_payload. A token-id prompt cannot be a message:
+    ValueError."""
+    if spec.token_ids is not None:
+        raise ValueError("token-id prompts (a timed trace) need the completions endpoint")
     return {
         "model": model,
         "messages": [{"role": "user", "content": spec.prompt}],

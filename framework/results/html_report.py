@@ -160,11 +160,14 @@ def _overview(trials: pd.DataFrame, spec: SweepSpec) -> str:
     early = int(cut_short_mask(done).sum()) if not done.empty else 0
     versions = sorted({str(v) for v in trials.get("vllm_version", pd.Series(dtype=str)).dropna()})
     w = spec.workload
+    shape = (f"rows of {html.escape(str(w.dataset_path))} at {w.speed_up:g}x"
+             if w.dataset == "timed_trace" else
+             f"prompts, input {w.input_len} / output {w.output_len} tokens")
     return (f"<p>Model <code>{html.escape(str(spec.model))}</code>, engine {spec.engine}, vLLM "
             f"{html.escape(', '.join(versions) or 'n/a')}. Objective: {spec.objective.direction} "
             f"<b>{html.escape(label(spec.objective.metric))}</b>; SLA: "
             f"{html.escape(limits_text(spec.sla))}. Workload: {w.dataset}, {w.num_prompts} "
-            f"prompts, input {w.input_len} / output {w.output_len} tokens, max concurrency "
+            f"{shape}, max concurrency "
             f"{w.max_concurrency or 'unlimited'}.</p>"
             f"<p>Trials: {len(trials)}; complete {states.get('COMPLETE', 0)} ({feasible} "
             f"feasible" + (f", {early} stopped early" if early else "") + "); pruned "

@@ -39,6 +39,7 @@ REQUEST_COLUMNS: list[tuple[str, str]] = [
     ("send_s", "float"), ("ttft_ms", "float"),
     ("tpot_ms", "float"), ("e2el_ms", "float"), ("itl_ms", "list<float>"),
     ("prompt_tokens", "int"), ("output_tokens", "int"), ("success", "bool"), ("error", "str"),
+    ("scheduled_s", "float"),
 ]
 
 
@@ -233,11 +234,14 @@ def request_rows(number: int, outcome: TrialOutcome) -> list[dict[str, object]]:
     """One row per measured request; `step` numbers the measured runs of the trial (a
     screening run first, marked `screening`; capacity
     mode's rate steps, else only 0), `rate` is that run's request rate (null: unpaced) and
-    send_s is relative to the start of that run."""
+    send_s is relative to the start of that run; scheduled_s is when the request was due,
+    from the same start (the arrival schedule: a timed trace's timestamps / speed-up, or the
+    rate's draw; null when the run was unpaced), so send_s - scheduled_s is its lateness."""
     return [{
         "trial_number": number, "step": index, "screening": step.screening, "rate": step.rate,
         "request_index": r.index,
         "send_s": r.send_s - step.start_s,
+        "scheduled_s": None if step.arrivals is None else step.arrivals[r.index],
         "ttft_ms": _ms(r.ttft_s), "tpot_ms": _ms(r.tpot_s), "e2el_ms": _ms(r.e2el_s),
         "itl_ms": [g * 1000.0 for g in r.itl_s], "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens, "success": r.success, "error": r.error or None,

@@ -20,6 +20,7 @@ from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
 from framework.config.specs import WorkloadSpec
 from framework.config.specs import load_sweep
+from framework.config.trace_spec import TimedTraceSpec
 from framework.engine.feasibility import GPUS
 from framework.engine.feasibility import Feasibility
 from framework.engine.feasibility import ModelFacts
@@ -89,6 +90,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if spec.capacity is not None and "request-rate" in space.run_params:
         raise ConfigError(str(spec.search_space), "parameters.request-rate", "kind: run",
                           "capacity mode searches the request rate itself; drop this parameter")
+    if spec.capacity is not None and spec.workload.dataset == "timed_trace":
+        raise ConfigError(str(path), "capacity", "dataset timed_trace", "capacity mode paces "
+                          "requests at rates of its own; a timed trace times its requests "
+                          "(vary speed-up, kind: run, instead)")
     if spec.search.sampler == "grid":
         try:
             grid_values(space)
@@ -190,7 +195,8 @@ SCREEN_SEED = 3000  # the screening run's requests and arrivals: workload seed +
 
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
-    `seed + 1` (warm-up), arrivals, its sampling fields, and the SLA's per-request limits as
+    `seed + 1` (warm-up), arrivals (a timed trace's: its timestamps / speed_up), its
+    sampling fields, and the SLA's per-request limits as
     goodput SLOs; in capacity mode one request set per rate step (seeds `seed + 1000 +
     step`); runs 2.. of repeats or precision `seed + 2000 + r`; the screening run
     `seed + 3000`."""
@@ -204,19 +210,21 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
     dataset = Dataset(name=w.dataset, input_len=w.input_len, output_len=w.output_len,
                       range_ratio=w.range_ratio, path=w.dataset_path,
                       min_prompt_tokens=w.min_prompt_tokens, max_prompt_tokens=w.max_prompt_tokens,
-                      prefix_len=w.prefix_len, prefix_groups=w.prefix_groups)
+                      prefix_len=w.prefix_len, prefix_groups=w.prefix_groups,
+                      trace=w.timed_trace or TimedTraceSpec())
     try:
         measured = dataset.requests(tok, w.num_prompts, w.seed)
         warmup = dataset.requests(tok, w.warmup_requests, w.seed + 1) if w.warmup_requests else []
     except ValueError as exc:
         raise ConfigError(str(w.dataset_path or "workload"), "workload.dataset", w.dataset,
                           str(exc)) from None
-    arrivals = _arrivals(w, w.num_prompts, w.seed)
+    trace = dataset.trace_offsets(w.num_prompts)
+    arrivals = _arrivals(w, len(measured), w.seed, trace)
     screen, screen_arrivals = [], None
     if spec.search.screen is not None:
         n = math.ceil(spec.search.screen * w.num_prompts)
         screen = dataset.requests(tok, n, w.seed + SCREEN_SEED)
-        screen_arrivals = _arrivals(w, n, w.seed + SCREEN_SEED)
+        screen_arrivals = _arrivals(w, len(screen), w.seed + SCREEN_SEED, trace)
     capacity = None
     if spec.capacity is not None:
         c = spec.capacity
@@ -244,12 +252,16 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                                      for r in range(1, spec.search.max_runs)],
                     screen=screen, screen_arrivals=screen_arrivals,
                     min_runs=spec.search.repeats,
-                    sampling=sampling_from(w.sampling.set_fields()))
+                    sampling=sampling_from(w.sampling.set_fields()), trace_offsets=trace)
 
 
-def _arrivals(w: WorkloadSpec, n: int, seed: int) -> list[float] | None:
-    """Send offsets of n requests at the workload's request rate and burstiness (None:
-    unpaced, request rate inf)."""
+def _arrivals(w: WorkloadSpec, n: int, seed: int,
+              trace: list[float] | None = None) -> list[float] | None:
+    """Send offsets of n requests: a timed trace's first n offsets (at speed-up 1) divided by
+    the workload's speed_up; else at its request rate and burstiness (None: unpaced, request
+    rate inf)."""
+    if trace is not None:
+        return [t / float(w.speed_up) for t in trace[:n]]
     rate = float(w.request_rate)
     return None if math.isinf(rate) else arrival_offsets(n, rate, float(w.burstiness), seed)
 
@@ -257,14 +269,16 @@ def _arrivals(w: WorkloadSpec, n: int, seed: int) -> list[float] | None:
 def with_run_settings(plan: LoadPlan, spec: SweepSpec, settings: Mapping[str, Scalar]) -> LoadPlan:
     """`plan` with a trial's run settings (workload field -> value, search_space.RUN_SETTINGS)
     in place of the workload's: concurrency, and the arrivals of its request rate and
-    burstiness (drawn with the workload's seed, as load_plan does). Pure."""
+    burstiness (drawn with the workload's seed, as load_plan does) or of its speed-up. Pure."""
     if not settings:
         return plan
     w = spec.workload.model_copy(update=dict(settings))
     rate = float(w.request_rate)
-    screen_arrivals = _arrivals(w, len(plan.screen), w.seed + SCREEN_SEED) if plan.screen else None
+    trace = None if plan.trace_offsets is None else list(plan.trace_offsets)
+    screen_arrivals = (_arrivals(w, len(plan.screen), w.seed + SCREEN_SEED, trace)
+                       if plan.screen else None)
     return replace(plan, max_concurrency=w.max_concurrency,
-                   arrivals=_arrivals(w, len(plan.measured), w.seed),
+                   arrivals=_arrivals(w, len(plan.measured), w.seed, trace),
                    request_rate=None if math.isinf(rate) else rate,
                    screen_arrivals=screen_arrivals)
 

@@ -101,18 +101,21 @@ class LoadPlan:
     screen: Sequence[RequestSpec] = ()  # `search.screen`'s short first run
     screen_arrivals: Sequence[float] | None = None
     sampling: Sampling = Sampling()  # sent with every request (warm-up too); unset: not sent
+    trace_offsets: Sequence[float] | None = None  # a timed trace's send offsets at speed-up 1
 
 
 @dataclass(frozen=True)
 class LoadStep:
     """One measured run: its rate (None = unpaced), start (perf_counter s), records, why
-    it stopped early (None: it ran out), and whether it was a screening run."""
+    it stopped early (None: it ran out), whether it was a screening run, and when each
+    request was due (seconds from the start, by request index; None = unpaced)."""
 
     rate: float | None
     start_s: float
     records: tuple[RequestRecord, ...]
     stopped: str | None = None
     screening: bool = False
+    arrivals: tuple[float, ...] | None = None
 
 
 class SlaBroken(Exception):
@@ -131,12 +134,15 @@ class Measurement:
         self._then: Callable[[RequestRecord], None] | None = None
         self._guard: Mapping[str, float] = {}
         self._total = 0
+        self._arrivals: tuple[float, ...] | None = None
         self.precision_stop: str | None = None  # why precision runs ended (None: no rule)
 
     def begin(self, rate: float | None, then: Callable[[RequestRecord], None] | None,
-              total: int = 0, guard: Mapping[str, float] | None = None) -> None:
+              total: int = 0, guard: Mapping[str, float] | None = None,
+              arrivals: Sequence[float] | None = None) -> None:
         self._rate, self._start_s, self._records, self._then = rate, time.perf_counter(), [], then
         self._guard, self._total = guard or {}, total
+        self._arrivals = None if arrivals is None else tuple(arrivals)
 
     def __call__(self, record: RequestRecord) -> None:
         self._records.append(record)
@@ -153,7 +159,7 @@ class Measurement:
         return surely_broken(values, len(self._records) - len(ok), self._total, self._guard)
 
     def finish(self, result: LoadResult) -> LoadStep:
-        step = LoadStep(self._rate, result.start_s, result.records)
+        step = LoadStep(self._rate, result.start_s, result.records, arrivals=self._arrivals)
         self.steps.append(step)
         self._records = []
         return step
@@ -162,7 +168,7 @@ class Measurement:
         """End the run in progress with the requests finished so far."""
         now = time.perf_counter()
         records = tuple(sorted(self._records, key=lambda r: r.index))
-        step = LoadStep(self._rate, self._start_s, records, stopped=why)
+        step = LoadStep(self._rate, self._start_s, records, stopped=why, arrivals=self._arrivals)
         self.steps.append(step)
         self._records = []
         return step, LoadResult(records=records, start_s=self._start_s, end_s=now,
@@ -170,7 +176,8 @@ class Measurement:
 
     def partial(self) -> tuple[LoadStep, ...]:
         """Finished steps, then the unfinished run's finished requests, if any."""
-        cut = (LoadStep(self._rate, self._start_s, tuple(self._records)),) if self._records else ()
+        cut = ((LoadStep(self._rate, self._start_s, tuple(self._records), arrivals=self._arrivals),)
+               if self._records else ())
         return (*self.steps, *cut)
 
 
@@ -216,7 +223,7 @@ def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Pha
     """The screening run (`plan.screen`, SLA-guarded like any run): its metrics and why it
     stopped early (None: it ran out). Recorded as a step marked `screening`."""
     phase(f"screening ({len(plan.screen)} requests)")
-    m.begin(plan.request_rate, None, len(plan.screen), plan.sla_guard)
+    m.begin(plan.request_rate, None, len(plan.screen), plan.sla_guard, plan.screen_arrivals)
     step, result = _guarded_run(base_url, plan, plan.screen, plan.screen_arrivals, m, deadline,
                                 "screening")
     m.steps[-1] = replace(step, screening=True)
@@ -256,7 +263,8 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
                 phase(f"{label}: {done}/{len(requests)} requests")
 
         phase(f"{label}: 0/{len(requests)} requests")
-        m.begin(plan.request_rate, progress, len(requests), plan.sla_guard if index == 0 else None)
+        m.begin(plan.request_rate, progress, len(requests), plan.sla_guard if index == 0 else None,
+                plan.arrivals)
         # every run keeps the workload's arrival times (same rate, same burstiness)
         step, result = _guarded_run(base_url, plan, requests, plan.arrivals, m, deadline, label,
                                     plan.duration_s)
@@ -290,7 +298,7 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
         arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
         doing = f"under load at {rate:.3g} req/s"
         phase(f"{doing} ({len(requests)} requests, step {index + 1})")
-        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None)
+        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None, arrivals)
         step, result = _guarded_run(base_url, plan, requests, arrivals, m, deadline, doing)
         still_serving()
         metrics = _metrics(plan, result)
