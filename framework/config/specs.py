@@ -28,6 +28,8 @@ from framework.base.vocabulary import is_latency_metric
 from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
+from framework.config.multi_turn_spec import MultiTurnSpec
+from framework.config.multi_turn_spec import workload_problem
 from framework.config.sampling_spec import SamplingSpec
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
@@ -107,13 +109,15 @@ class WorkloadSpec(_Spec):
 
     dataset: `random` (input_len, output_len, range_ratio), `sharegpt` (dataset_path, a
     ShareGPT JSON/JSONL file; optional min/max_prompt_tokens, inclusive) or `prefix-shared`
-    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len).
+    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len)
+    or `multi_turn` (chat sessions, the `multi_turn:` section; dataset_path: optional ShareGPT
+    conversations, else synthetic).
     endpoint: `completions` (/v1/completions) or `chat` (/v1/chat/completions).
     duration_s: stop sending new requests after this many seconds (requests in flight
     finish); the run also ends when num_prompts have been sent.
     """
 
-    dataset: Literal["random", "sharegpt", "prefix-shared"] = "random"
+    dataset: Literal["random", "sharegpt", "prefix-shared", "multi_turn"] = "random"
     tokenizer: Path | None = None  # folder with tokenizer.json; default: the model folder
     dataset_path: Path | None = None
     min_prompt_tokens: int | None = Field(default=None, gt=0)
@@ -135,6 +139,7 @@ class WorkloadSpec(_Spec):
     request_timeout_s: float = Field(default=300.0, gt=0)
     percentiles: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # vllm bench's sampling flags
+    multi_turn: MultiTurnSpec | None = None  # dataset multi_turn's sessions (config.multi_turn_spec)
 
     @field_validator("percentiles")
     @classmethod
@@ -150,6 +155,8 @@ class WorkloadSpec(_Spec):
     def _for_its_dataset(cls, value: Any, info: Any) -> Any:  # info: pydantic.ValidationInfo
         dataset = info.data.get("dataset")
         wanted = "prefix-shared" if info.field_name.startswith("prefix") else "sharegpt"
+        if info.field_name == "dataset_path" and dataset == "multi_turn":
+            wanted = dataset  # ShareGPT conversations as sessions
         if dataset is not None and dataset != wanted:
             raise ValueError(f"applies to dataset {wanted} only, not to dataset {dataset}")
         if info.field_name == "dataset_path" and not Path(value).is_file():
@@ -166,7 +173,15 @@ class WorkloadSpec(_Spec):
         if self.dataset == "prefix-shared" and self.prefix_len >= self.input_len:
             raise ValueError(f"prefix_len {self.prefix_len} must be < input_len {self.input_len} "
                              "(each prompt needs a suffix of its own)")
+        if problem := workload_problem(self.dataset, self.dataset_path is not None,
+                                       self.multi_turn, self.model_fields_set):
+            raise ValueError(problem)
         return self
+
+    @property
+    def sessions(self) -> MultiTurnSpec:
+        """The multi-turn settings (defaults when the section is left out)."""
+        return self.multi_turn or MultiTurnSpec()
 
 
 def _known_metric(metric: str) -> str:
@@ -318,6 +333,9 @@ class SweepSpec(_Spec):
             if not load_limits(self.sla):
                 raise ValueError("capacity: needs an sla on the load (latency keys or "
                                  "error_rate): the capacity is the highest rate at which it holds")
+            if self.workload.dataset == "multi_turn":
+                raise ValueError("capacity mode steps the request rate of single requests; it "
+                                 "does not apply to dataset multi_turn")
             if self.search.repeats > 1 or self.search.precision is not None:
                 raise ValueError("search.repeats and search.precision apply to fixed runs, not "
                                  "to capacity mode")

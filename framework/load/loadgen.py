@@ -43,7 +43,9 @@ class RequestRecord:
     """Outcome of one request; all times are absolute values of the run's clock.
 
     ``ttft_s`` = first content chunk - ``send_s``; ``end_s`` = last content chunk for a
-    success (vLLM's latency end), the clock when the failure was seen otherwise.
+    success (vLLM's latency end), the clock when the failure was seen otherwise. A turn of a
+    multi-turn session (load.sessions) also carries its ``session_id`` and ``turn`` (0 = the
+    first) and the answer's ``text``; other requests leave them None and "".
     """
 
     index: int
@@ -55,6 +57,9 @@ class RequestRecord:
     output_tokens: int
     success: bool
     error: str = ""
+    session_id: int | None = None
+    turn: int | None = None
+    text: str = ""
 
     @property
     def e2el_s(self) -> float | None:
@@ -147,14 +152,16 @@ async def stream_one(
     payload: dict[str, Any],
     timeout_s: float,
     clock: Clock,
+    keep_text: bool = False,
 ) -> RequestRecord:
     """Send one streaming request on a pooled connection and read its SSE stream into a record.
 
     Clock calls: one at send (before a connection is taken, as vllm bench times it), one per
     content chunk, one more if the request fails. The connection is reused only after a
-    complete, successful keep-alive response.
+    complete, successful keep-alive response. ``keep_text``: the record's ``text`` is the
+    answer's text (every SSE message is then parsed; see SSEState).
     """
-    state = SSEState(clock)
+    state = SSEState(clock, keep_text)
     error = ""
     send_s = clock()
     conn: Connection | None = None
@@ -207,6 +214,7 @@ async def stream_one(
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
         success=True,
+        text=state.text,
     )
 
 
