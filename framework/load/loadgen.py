@@ -218,6 +218,24 @@ async def stream_one(
     )
 
 
+def check_run_args(count: int, items: str, arrivals: Sequence[float] | None,
+                   bounds: Mapping[str, int | None], timeout_s: float,
+                   duration_s: float | None, endpoint: str) -> None:
+    """ValueError unless a run's arguments make sense: one arrival per item, each bound >= 1
+    or None, timeout_s > 0, duration_s > 0 or None, a known endpoint."""
+    if arrivals is not None and len(arrivals) != count:
+        raise ValueError(f"{len(arrivals)} arrivals for {count} {items}")
+    for name, bound in bounds.items():
+        if bound is not None and bound < 1:
+            raise ValueError(f"{name} must be >= 1 or None, got {bound}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0 or None, got {duration_s}")
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
+
+
 async def run_load(
     base_url: str,
     model: str,
@@ -247,16 +265,8 @@ async def run_load(
     request_fields, or a caller's own, e.g. a greedy probe's temperature and logprobs); none
     by default, so the server's sampling defaults apply. Records are returned in request order.
     """
-    if arrivals is not None and len(arrivals) != len(requests):
-        raise ValueError(f"{len(arrivals)} arrivals for {len(requests)} requests")
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if duration_s is not None and not duration_s > 0:
-        raise ValueError(f"duration_s must be > 0 or None, got {duration_s}")
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
+    check_run_args(len(requests), "requests", arrivals, {"max_concurrency": max_concurrency},
+                   timeout_s, duration_s, endpoint)
     path, make_payload = ENDPOINTS[endpoint]
     pool = ConnectionPool(base_url, api_key)
     offsets = list(arrivals) if arrivals is not None else [0.0] * len(requests)

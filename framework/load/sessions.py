@@ -31,6 +31,7 @@ from framework.load.loadgen import ENDPOINTS
 from framework.load.loadgen import Endpoint
 from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
+from framework.load.loadgen import check_run_args
 from framework.load.loadgen import stream_one
 from framework.load.sse import Clock
 
@@ -70,18 +71,9 @@ async def run_sessions(
     """Hold `sessions` against `base_url` (see the module docstring); the other arguments mean
     what they mean for loadgen.run_load. `not_sent` counts the turns never sent (sessions
     ended by a failure or by `duration_s`)."""
-    if arrivals is not None and len(arrivals) != len(sessions):
-        raise ValueError(f"{len(arrivals)} arrivals for {len(sessions)} sessions")
-    for name, bound in (("max_concurrency", max_concurrency),
-                        ("max_active_sessions", max_active_sessions)):
-        if bound is not None and bound < 1:
-            raise ValueError(f"{name} must be >= 1 or None, got {bound}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if duration_s is not None and not duration_s > 0:
-        raise ValueError(f"duration_s must be > 0 or None, got {duration_s}")
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
+    check_run_args(len(sessions), "sessions", arrivals,
+                   {"max_concurrency": max_concurrency, "max_active_sessions": max_active_sessions},
+                   timeout_s, duration_s, endpoint)
     path = ENDPOINTS[endpoint][0]
     pool = ConnectionPool(base_url, api_key)
     offsets = list(arrivals) if arrivals is not None else [0.0] * len(sessions)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
+from datetime import UTC
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -18,40 +19,33 @@ from framework.load.conversations import Session
 from framework.load.prompts import RequestSpec
 from framework.load.sessions import run_sessions
 from framework.load.sse import SSEState
+from framework.results.rows import REQUEST_COLUMNS
+from framework.results.rows import request_rows
+from framework.trial.measure import Deadline
+from framework.trial.measure import LoadPlan
+from framework.trial.measure import Measurement
+from framework.trial.measure import measure_fixed
+from framework.trial.run import TrialOutcome
 from tests.helpers import DONE
 from tests.helpers import content
 from tests.helpers import counter_clock
 from tests.helpers import sse
 from tests.helpers import usage
+from tests.unit.test_loadgen import FakeSSEServer
 
 
-class EchoChatServer:
-    """Answers /v1/completions and /v1/chat/completions with the streamed answer
+class EchoChatServer(FakeSSEServer):
+    """test_loadgen's FakeSSEServer answering every request with the streamed answer
     `answer-<n>` (n counts requests), in two content chunks after `delay_s`; HTTP 500 when the
     newest user message is "FAIL". Keeps each body with its arrival and end times."""
 
     def __init__(self, delay_s: float = 0.02) -> None:
+        super().__init__()
         self.delay_s = delay_s
         self.seen: list[dict[str, Any]] = []  # body, answer, start, end (time.perf_counter)
-        self.in_flight = self.max_in_flight = 0
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> EchoChatServer:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self.answer)
-        app.router.add_post("/v1/chat/completions", self.answer)
-        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(self._runner, sock).start()
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        await self._runner.cleanup()
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.answer(request)
 
     async def answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -192,3 +186,32 @@ def test_sse_keeps_the_answer_text_when_asked(keep_text, stream, text, chunks) -
         state.feed(block)
     state.end()
     assert state.text == text and len(state.chunks) == chunks
+
+
+def test_a_trial_run_of_sessions_gives_session_metrics_and_rows() -> None:
+    """measure_fixed on a plan holding sessions: the session driver runs (not run_load), the
+    run's metrics include the session metrics and the request rows carry session and turn."""
+    sessions = [session("p0", "p1", "p2"), session("q0", "q1")]
+    phases: list[str] = []
+
+    async def serve_and_measure():
+        async with EchoChatServer() as server:
+            plan = LoadPlan(model="m", warmup=(), measured=sessions, arrivals=[0.0, 0.1],
+                            max_concurrency=4, ignore_eos=True, request_timeout_s=30,
+                            percentiles=(99,), goodput_slo_ms={}, startup_timeout_s=30,
+                            endpoint="chat", max_active_sessions=2)
+            m = Measurement()
+            runs = await asyncio.to_thread(measure_fixed, server.url, plan,
+                                           Deadline(None, time.monotonic), phases.append, m)
+            return server, runs, m
+
+    server, runs, m = asyncio.run(serve_and_measure())
+    assert len(server.seen) == 5 and runs[0]["completed"] == 5
+    assert runs[0]["sessions"] == runs[0]["sessions_completed"] == 2
+    assert runs[0]["mean_turns_per_session"] == 2.5
+    assert runs[0]["median_ttft_last_turn_ms"] > 0
+    assert phases[0] == "under load: 0/5 requests"
+    outcome = TrialOutcome(started_at=datetime.now(UTC), argv=(), steps=tuple(m.steps))
+    rows = request_rows(7, outcome)
+    assert [(r["session_id"], r["turn"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert all(set(r) == {name for name, _ in REQUEST_COLUMNS} for r in rows)
