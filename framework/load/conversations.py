@@ -99,9 +99,11 @@ def synthetic_sessions(tokenizer: Tokenizer, spec: MultiTurnSpec, num: int,
     return sessions
 
 
-def sharegpt_sessions(tokenizer: Tokenizer, conversations: Sequence[Sequence[tuple[str, str]]],
+def sharegpt_sessions(tokenizer: Tokenizer,
+                      conversations: Sequence[tuple[str | None, Sequence[tuple[str, str]]]],
                       spec: MultiTurnSpec, num: int, seed: int) -> list[Session]:
-    """`num` sessions from ShareGPT conversations (load.sharegpt.read_sharegpt_conversations),
+    """`num` sessions from ShareGPT conversations (load.sharegpt.read_sharegpt_conversations:
+    system message, exchanges; the system message is the session's),
     from `numpy.random.default_rng(seed)`: a seeded permutation of the conversations, cycled
     when `num` exceeds them, then per session (in that order) its answer lengths (only when
     spec.output_tokens is given; else each the token count of the dataset's answer, at least
@@ -116,7 +118,8 @@ def sharegpt_sessions(tokenizer: Tokenizer, conversations: Sequence[Sequence[tup
     order = rng.permutation(len(conversations)) if conversations else np.array([], dtype=int)
     sessions = []
     for i in range(num):
-        pairs = list(conversations[int(order[i % len(order)])])[:spec.max_turns]
+        system, exchanged = conversations[int(order[i % len(order)])]
+        pairs = list(exchanged)[:spec.max_turns]
         if spec.output_tokens is not None:
             output_lens = draw_counts(spec.output_tokens, rng, len(pairs))
         else:
@@ -126,7 +129,8 @@ def sharegpt_sessions(tokenizer: Tokenizer, conversations: Sequence[Sequence[tup
         turns = tuple(RequestSpec(prompt=u, output_len=out,
                                   prompt_len=len(tokenizer.encode(u, add_special_tokens=False).ids))
                       for (u, _), out in zip(pairs, output_lens))
-        sessions.append(Session(turns=turns, think_s=tuple(float(t) for t in think)))
+        sessions.append(Session(turns=turns, think_s=tuple(float(t) for t in think),
+                                system=system))
     return sessions
 
 

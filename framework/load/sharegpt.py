@@ -105,15 +105,24 @@ def read_sharegpt(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def read_sharegpt_conversations(path: Path) -> list[list[tuple[str, str]]]:
-    """Every exchange of each conversation of a ShareGPT file (see exchanges), in file order;
-    conversations without one are skipped. Same file format and errors as read_sharegpt."""
+def system_message(turns: Any) -> str | None:
+    """The text of a conversation's first "system" turn, or None."""
+    for turn in turns if isinstance(turns, list) else ():
+        if isinstance(turn, dict) and (found := _role_text(turn))[0] == "system" and found[1]:
+            return found[1]
+    return None
+
+
+def read_sharegpt_conversations(path: Path) -> list[tuple[str | None, list[tuple[str, str]]]]:
+    """(system message or None, every exchange (see exchanges)) of each conversation of a
+    ShareGPT file, in file order; conversations without an exchange are skipped. Same file
+    format and errors as read_sharegpt."""
     found = []
     for entry in _read_entries(path):
         if isinstance(entry, dict):
-            pairs = exchanges(entry.get("conversations", entry.get("messages")))
-            if pairs:
-                found.append(pairs)
+            turns = entry.get("conversations", entry.get("messages"))
+            if pairs := exchanges(turns):
+                found.append((system_message(turns), pairs))
     return found
 
 

@@ -37,6 +37,7 @@ from framework.load.sessions import turn_payload
 from framework.load.sharegpt import exchanges
 from framework.load.sharegpt import read_sharegpt_conversations
 from framework.load.sharegpt import sample_sharegpt_conversations
+from framework.load.sharegpt import system_message
 from framework.sweep.loader import load_plan
 from tests.helpers import ROOT
 from tests.helpers import TINY_MODEL
@@ -261,9 +262,12 @@ def test_sharegpt_sessions_take_the_user_turns_and_answer_lengths(tokenizer) -> 
     conversations = read_sharegpt_conversations(SAMPLE)
     sessions = sharegpt_sessions(tokenizer, conversations, MultiTurnSpec(max_turns=3), 60, seed=2)
     assert len(sessions) == 60  # more than the 40 conversations: cycled
-    users = {tuple(u for u, _ in c[:3]): c for c in conversations}
+    users = {tuple(u for u, _ in c[:3]): (system, c) for system, c in conversations}
+    assert {s.system for s in sessions} == {None, "You are a helpful assistant."}
     for s in sessions:
-        pairs = users[tuple(t.prompt for t in s.turns)][:3]
+        system, pairs = users[tuple(t.prompt for t in s.turns)]
+        pairs = pairs[:3]
+        assert s.system == system
         assert [t.output_len for t in s.turns] == [
             len(tokenizer.encode(a, add_special_tokens=False).ids) for _, a in pairs]
     fixed = sharegpt_sessions(tokenizer, conversations, MultiTurnSpec(
@@ -274,23 +278,25 @@ def test_sharegpt_sessions_take_the_user_turns_and_answer_lengths(tokenizer) -> 
         sharegpt_sessions(tokenizer, [], MultiTurnSpec(), 1, seed=0)
 
 
-@pytest.mark.parametrize(("turns", "expected"), [
+@pytest.mark.parametrize(("turns", "expected", "system"), [
     ([{"from": "system", "value": "s"}, {"from": "human", "value": "q1"},
       {"from": "gpt", "value": "a1"}, {"from": "human", "value": "q2"},
-      {"from": "gpt", "value": "a2"}], [("q1", "a1"), ("q2", "a2")]),
+      {"from": "gpt", "value": "a2"}], [("q1", "a1"), ("q2", "a2")], "s"),
     ([{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"},
-      {"role": "assistant", "content": "a2"}, {"role": "user", "content": "q3"}], [("q2", "a2")]),
-    ([{"from": "gpt", "value": "a0"}, {"from": "human", "value": "q1"}], []),
-    ("not a list", []),
-    ([{"from": "human", "value": "q"}, "junk"], []),
+      {"role": "assistant", "content": "a2"}, {"role": "user", "content": "q3"},
+      {"role": "system", "content": "late"}], [("q2", "a2")], "late"),
+    ([{"from": "gpt", "value": "a0"}, {"from": "human", "value": "q1"}], [], None),
+    ("not a list", [], None),
+    ([{"from": "human", "value": "q"}, "junk"], [], None),
 ])
-def test_exchanges_pair_each_user_turn_with_its_answer(turns, expected) -> None:
+def test_exchanges_pair_each_user_turn_with_its_answer(turns, expected, system) -> None:
     assert exchanges(turns) == expected
+    assert system_message(turns) == system
 
 
 def test_shipped_sample_is_the_generator_output() -> None:
     assert json.loads(SAMPLE.read_text()) == sample_sharegpt_conversations(40, 0, turns=(2, 6))
-    counts = [len(c) for c in read_sharegpt_conversations(SAMPLE)]
+    counts = [len(c) for _, c in read_sharegpt_conversations(SAMPLE)]
     assert len(counts) == 40 and min(counts) == 2 and max(counts) == 6
 
 
