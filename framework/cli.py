@@ -276,6 +276,24 @@ def cmd_build_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_conversations(args: argparse.Namespace) -> int:
+    import json
+
+    from framework.load.sharegpt import sample_sharegpt_conversations
+
+    low, _, high = args.turns.partition("-")
+    if not (low.isdigit() and (high or low).isdigit() and 0 < int(low) <= int(high or low)):
+        raise ConfigError("command line", "--turns", args.turns, "expected N or LOW-HIGH with "
+                          "1 <= LOW <= HIGH")
+    turns = (int(low), int(high or low))
+    conversations = sample_sharegpt_conversations(args.num, args.seed, turns=turns)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(conversations, indent=1) + "\n")
+    print(f"{out}: {len(conversations)} ShareGPT conversations of {args.turns} exchanges")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from framework.load.bench import run
 
@@ -355,6 +373,15 @@ def parser() -> argparse.ArgumentParser:
                     help="seed of the random weights (default: 0)")
     bm.add_argument("--force", action="store_true", help="build again over an existing model")
     bm.set_defaults(fn=cmd_build_model)
+    bc = sub.add_parser("build-conversations", help="write synthetic multi-turn ShareGPT "
+                        "conversations (the sample a multi_turn workload can replay)")
+    bc.add_argument("out", nargs="?", default="datasets/multi_turn_sample.json",
+                    help="JSON file to write (default: datasets/multi_turn_sample.json)")
+    bc.add_argument("--num", type=int, default=40, help="conversations (default: 40)")
+    bc.add_argument("--turns", default="2-6", metavar="LOW-HIGH",
+                    help="exchanges per conversation, uniform in [LOW, HIGH] (default: 2-6)")
+    bc.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    bc.set_defaults(fn=cmd_build_conversations)
     from framework.load.bench import add_cli_args as add_bench_args  # imports only the stdlib
 
     be = sub.add_parser("bench", help="benchmark one OpenAI-compatible server like "

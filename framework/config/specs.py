@@ -28,6 +28,8 @@ from framework.base.vocabulary import is_latency_metric
 from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
+from framework.config.multi_turn_spec import MultiTurnSpec
+from framework.config.multi_turn_spec import workload_problem
 from framework.config.sampling_spec import SamplingSpec
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
@@ -108,17 +110,19 @@ class WorkloadSpec(_Spec):
 
     dataset: `random` (input_len, output_len, range_ratio), `sharegpt` (dataset_path, a
     ShareGPT JSON/JSONL file; optional min/max_prompt_tokens, inclusive) or `prefix-shared`
-    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len) or
+    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len),
     `timed_trace` (dataset_path, a JSONL or Azure-style CSV trace read as the `timed_trace:`
     section says, config.trace_spec; its first num_prompts rows are sent at their timestamps
     divided by `speed_up`, which a search space may vary as `speed-up`, kind: run; the
-    completions endpoint only, and no request_rate or burstiness: the trace times requests).
+    completions endpoint only, and no request_rate or burstiness: the trace times requests)
+    or `multi_turn` (chat sessions, the `multi_turn:` section; dataset_path: optional ShareGPT
+    conversations, else synthetic).
     endpoint: `completions` (/v1/completions) or `chat` (/v1/chat/completions).
     duration_s: stop sending new requests after this many seconds (requests in flight
     finish); the run also ends when num_prompts have been sent.
     """
 
-    dataset: Literal["random", "sharegpt", "prefix-shared", "timed_trace"] = "random"
+    dataset: Literal["random", "sharegpt", "prefix-shared", "timed_trace", "multi_turn"] = "random"
     tokenizer: Path | None = None  # folder with tokenizer.json; default: the model folder
     dataset_path: Path | None = None
     min_prompt_tokens: int | None = Field(default=None, gt=0)
@@ -142,6 +146,7 @@ class WorkloadSpec(_Spec):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # vllm bench's sampling flags
     timed_trace: TimedTraceSpec | None = None  # dataset timed_trace: how its file is read
     speed_up: float = Field(default=1.0, gt=0)  # dataset timed_trace: replay this many times faster
+    multi_turn: MultiTurnSpec | None = None  # dataset multi_turn's sessions (config.multi_turn_spec)
 
     @field_validator("percentiles")
     @classmethod
@@ -157,8 +162,8 @@ class WorkloadSpec(_Spec):
     def _for_its_dataset(cls, value: Any, info: Any) -> Any:  # info: pydantic.ValidationInfo
         dataset = info.data.get("dataset")
         wanted = "prefix-shared" if info.field_name.startswith("prefix") else "sharegpt"
-        if info.field_name == "dataset_path" and dataset == "timed_trace":
-            wanted = dataset
+        if info.field_name == "dataset_path" and dataset in ("timed_trace", "multi_turn"):
+            wanted = dataset  # a trace file; ShareGPT conversations as sessions
         if dataset is not None and dataset != wanted:
             raise ValueError(f"applies to dataset {wanted} only, not to dataset {dataset}")
         if info.field_name == "dataset_path" and not Path(value).is_file():
@@ -180,6 +185,9 @@ class WorkloadSpec(_Spec):
         if self.dataset == "prefix-shared" and self.prefix_len >= self.input_len:
             raise ValueError(f"prefix_len {self.prefix_len} must be < input_len {self.input_len} "
                              "(each prompt needs a suffix of its own)")
+        if problem := workload_problem(self.dataset, self.dataset_path is not None,
+                                       self.multi_turn, self.model_fields_set):
+            raise ValueError(problem)
         return self
 
     def _trace_complete(self) -> None:
@@ -192,6 +200,11 @@ class WorkloadSpec(_Spec):
             raise ValueError("dataset timed_trace sends each request at its timestamp: "
                              "request_rate and burstiness do not apply (speed_up scales the "
                              "trace's time)")
+
+    @property
+    def sessions(self) -> MultiTurnSpec:
+        """The multi-turn settings (defaults when the section is left out)."""
+        return self.multi_turn or MultiTurnSpec()
 
 
 def _known_metric(metric: str) -> str:
@@ -343,6 +356,9 @@ class SweepSpec(_Spec):
             if not load_limits(self.sla):
                 raise ValueError("capacity: needs an sla on the load (latency keys or "
                                  "error_rate): the capacity is the highest rate at which it holds")
+            if self.workload.dataset == "multi_turn":
+                raise ValueError("capacity mode steps the request rate of single requests; it "
+                                 "does not apply to dataset multi_turn")
             if self.search.repeats > 1 or self.search.precision is not None:
                 raise ValueError("search.repeats and search.precision apply to fixed runs, not "
                                  "to capacity mode")

@@ -43,7 +43,9 @@ class RequestRecord:
     """Outcome of one request; all times are absolute values of the run's clock.
 
     ``ttft_s`` = first content chunk - ``send_s``; ``end_s`` = last content chunk for a
-    success (vLLM's latency end), the clock when the failure was seen otherwise.
+    success (vLLM's latency end), the clock when the failure was seen otherwise. A turn of a
+    multi-turn session (load.sessions) also carries its ``session_id`` and ``turn`` (0 = the
+    first) and the answer's ``text``; other requests leave them None and "".
     """
 
     index: int
@@ -55,6 +57,9 @@ class RequestRecord:
     output_tokens: int
     success: bool
     error: str = ""
+    session_id: int | None = None
+    turn: int | None = None
+    text: str = ""
 
     @property
     def e2el_s(self) -> float | None:
@@ -151,14 +156,16 @@ async def stream_one(
     payload: dict[str, Any],
     timeout_s: float,
     clock: Clock,
+    keep_text: bool = False,
 ) -> RequestRecord:
     """Send one streaming request on a pooled connection and read its SSE stream into a record.
 
     Clock calls: one at send (before a connection is taken, as vllm bench times it), one per
     content chunk, one more if the request fails. The connection is reused only after a
-    complete, successful keep-alive response.
+    complete, successful keep-alive response. ``keep_text``: the record's ``text`` is the
+    answer's text (every SSE message is then parsed; see SSEState).
     """
-    state = SSEState(clock)
+    state = SSEState(clock, keep_text)
     error = ""
     send_s = clock()
     conn: Connection | None = None
@@ -211,7 +218,26 @@ async def stream_one(
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
         success=True,
+        text=state.text,
     )
+
+
+def check_run_args(count: int, items: str, arrivals: Sequence[float] | None,
+                   bounds: Mapping[str, int | None], timeout_s: float,
+                   duration_s: float | None, endpoint: str) -> None:
+    """ValueError unless a run's arguments make sense: one arrival per item, each bound >= 1
+    or None, timeout_s > 0, duration_s > 0 or None, a known endpoint."""
+    if arrivals is not None and len(arrivals) != count:
+        raise ValueError(f"{len(arrivals)} arrivals for {count} {items}")
+    for name, bound in bounds.items():
+        if bound is not None and bound < 1:
+            raise ValueError(f"{name} must be >= 1 or None, got {bound}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0 or None, got {duration_s}")
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
 
 
 async def run_load(
@@ -243,16 +269,8 @@ async def run_load(
     request_fields, or a caller's own, e.g. a greedy probe's temperature and logprobs); none
     by default, so the server's sampling defaults apply. Records are returned in request order.
     """
-    if arrivals is not None and len(arrivals) != len(requests):
-        raise ValueError(f"{len(arrivals)} arrivals for {len(requests)} requests")
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if duration_s is not None and not duration_s > 0:
-        raise ValueError(f"duration_s must be > 0 or None, got {duration_s}")
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
+    check_run_args(len(requests), "requests", arrivals, {"max_concurrency": max_concurrency},
+                   timeout_s, duration_s, endpoint)
     path, make_payload = ENDPOINTS[endpoint]
     pool = ConnectionPool(base_url, api_key)
     offsets = list(arrivals) if arrivals is not None else [0.0] * len(requests)

@@ -21,6 +21,13 @@ HUMAN_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "assistant", "chatgpt", "model"})
 
 
+def _role_text(turn: dict[str, Any]) -> tuple[str, str | None]:
+    """(lower-case role, text or None) of one ShareGPT or OpenAI-messages turn."""
+    role = str(turn.get("from", turn.get("role", ""))).lower()
+    text = turn.get("value", turn.get("content"))
+    return role, text if isinstance(text, str) else None
+
+
 def first_exchange(turns: Any) -> tuple[str, str] | None:
     """(first human turn, first assistant turn after it) of a ShareGPT conversation, or None.
 
@@ -33,9 +40,8 @@ def first_exchange(turns: Any) -> tuple[str, str] | None:
     for turn in turns:
         if not isinstance(turn, dict):
             return None
-        role = str(turn.get("from", turn.get("role", ""))).lower()
-        text = turn.get("value", turn.get("content"))
-        if not isinstance(text, str):
+        role, text = _role_text(turn)
+        if text is None:
             continue
         if prompt is None and role in HUMAN_ROLES:
             prompt = text
@@ -44,14 +50,29 @@ def first_exchange(turns: Any) -> tuple[str, str] | None:
     return None
 
 
-def read_sharegpt(path: Path) -> list[tuple[str, str]]:
-    """(prompt, reply) of each usable conversation of a ShareGPT file, in file order.
+def exchanges(turns: Any) -> list[tuple[str, str]]:
+    """Every (human turn, the assistant turn answering it) of a conversation, in order: a
+    human turn followed by an assistant turn is one exchange; a human turn followed by
+    another human turn is dropped, as are other roles (e.g. "system") and text-less turns.
+    Malformed turns (not a list of objects) give []."""
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        return []
+    pairs: list[tuple[str, str]] = []
+    prompt: str | None = None
+    for role, text in (_role_text(t) for t in turns):
+        if text is None:
+            continue
+        if role in HUMAN_ROLES:
+            prompt = text
+        elif role in ASSISTANT_ROLES and prompt is not None:
+            pairs.append((prompt, text))
+            prompt = None
+    return pairs
 
-    ``.jsonl``: one conversation object per line; otherwise a JSON list of them. A
-    conversation object holds its turns under ``conversations`` (or ``messages``); see
-    first_exchange. Conversations without a human turn followed by an assistant turn are
-    skipped. ValueError naming the file if it is not in this format.
-    """
+
+def _read_entries(path: Path) -> list[Any]:
+    """The conversation objects of a ShareGPT file (see read_sharegpt); ValueError naming the
+    file if it is not in this format."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     try:
@@ -64,13 +85,45 @@ def read_sharegpt(path: Path) -> list[tuple[str, str]]:
         raise ValueError(f"{path}: not valid {kind}: {exc}") from None
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a list of conversations, got {type(entries).__name__}")
+    return entries
+
+
+def read_sharegpt(path: Path) -> list[tuple[str, str]]:
+    """(prompt, reply) of each usable conversation of a ShareGPT file, in file order.
+
+    ``.jsonl``: one conversation object per line; otherwise a JSON list of them. A
+    conversation object holds its turns under ``conversations`` (or ``messages``); see
+    first_exchange. Conversations without a human turn followed by an assistant turn are
+    skipped. ValueError naming the file if it is not in this format.
+    """
     pairs = []
-    for entry in entries:
+    for entry in _read_entries(path):
         if isinstance(entry, dict):
             exchange = first_exchange(entry.get("conversations", entry.get("messages")))
             if exchange is not None:
                 pairs.append(exchange)
     return pairs
+
+
+def system_message(turns: Any) -> str | None:
+    """The text of a conversation's first "system" turn, or None."""
+    for turn in turns if isinstance(turns, list) else ():
+        if isinstance(turn, dict) and (found := _role_text(turn))[0] == "system" and found[1]:
+            return found[1]
+    return None
+
+
+def read_sharegpt_conversations(path: Path) -> list[tuple[str | None, list[tuple[str, str]]]]:
+    """(system message or None, every exchange (see exchanges)) of each conversation of a
+    ShareGPT file, in file order; conversations without an exchange are skipped. Same file
+    format and errors as read_sharegpt."""
+    found = []
+    for entry in _read_entries(path):
+        if isinstance(entry, dict):
+            turns = entry.get("conversations", entry.get("messages"))
+            if pairs := exchanges(turns):
+                found.append((system_message(turns), pairs))
+    return found
 
 
 def sharegpt_requests(
@@ -145,12 +198,16 @@ _SAMPLE_WORDS = (
 ).split()
 
 
-def sample_sharegpt_conversations(num: int = 100, seed: int = 0) -> list[dict[str, Any]]:
+def sample_sharegpt_conversations(num: int = 100, seed: int = 0,
+                                  turns: tuple[int, int] | None = None) -> list[dict[str, Any]]:
     """Synthetic ShareGPT-format conversations (what ``datasets/sharegpt_sample.json`` holds).
 
     English-like sentences from a fixed word list; prompt and reply lengths are log-normal
     (about 3-250 and 1-300 words), every 7th conversation starts with a system turn and
-    every 5th has a second exchange. Reproducible from ``seed``.
+    every 5th has a second exchange. Reproducible from ``seed``. ``turns=(low, high)``: each
+    conversation has a uniform number of exchanges in [low, high] instead (drawn first, for
+    all conversations; ``datasets/multi_turn_sample.json`` is ``(num=40, seed=0,
+    turns=(2, 6))``).
     """
     rng = np.random.default_rng(seed)
 
@@ -165,13 +222,15 @@ def sample_sharegpt_conversations(num: int = 100, seed: int = 0) -> list[dict[st
             start = end
         return " ".join(out)
 
+    counts = ([2 if i % 5 == 4 else 1 for i in range(num)] if turns is None
+              else [int(n) for n in rng.integers(turns[0], turns[1] + 1, size=num)])
     conversations = []
     for i in range(num):
-        turns = []
+        messages = []
         if i % 7 == 3:
-            turns.append({"from": "system", "value": "You are a helpful assistant."})
-        for _ in range(2 if i % 5 == 4 else 1):
-            turns.append({"from": "human", "value": text(3, 250, 3.3)})
-            turns.append({"from": "gpt", "value": text(1, 300, 3.6)})
-        conversations.append({"id": f"sample-{i:03d}", "conversations": turns})
+            messages.append({"from": "system", "value": "You are a helpful assistant."})
+        for _ in range(counts[i]):
+            messages.append({"from": "human", "value": text(3, 250, 3.3)})
+            messages.append({"from": "gpt", "value": text(1, 300, 3.6)})
+        conversations.append({"id": f"sample-{i:03d}", "conversations": messages})
     return conversations

@@ -40,14 +40,18 @@ class SSEState:
     its line is fed); ``usage`` gives the token counts; ``[DONE]`` or an ``error`` object
     sets ``done`` (the latter also ``error``); later lines are ignored. A message that is
     not valid JSON raises ValueError, unless it is recognized as a plain content chunk by
-    CONTENT_MARK (then it is not parsed).
+    CONTENT_MARK (then it is not parsed). With ``keep_text`` every message is parsed and the
+    text each content chunk carries (``choices[0].text``, or ``choices[0].delta.content`` for
+    chat) is kept: ``text`` is the answer so far.
     """
 
     __slots__ = ("clock", "chunks", "prompt_tokens", "output_tokens", "usage_seen", "error",
-                 "done", "_tail")
+                 "done", "_tail", "keep_text", "texts")
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, keep_text: bool = False) -> None:
         self.clock = clock
+        self.keep_text = keep_text
+        self.texts: list[str] = []
         self.chunks: list[float] = []
         self.prompt_tokens = self.output_tokens = 0
         self.usage_seen = self.done = False
@@ -78,7 +82,8 @@ class SSEState:
         if data == b"[DONE]":
             self.done = True
             return
-        if CONTENT_MARK in data and USAGE_MARK not in data and ERROR_MARK not in data:
+        if (not self.keep_text and CONTENT_MARK in data and USAGE_MARK not in data
+                and ERROR_MARK not in data):
             self.chunks.append(self.clock())  # a plain content chunk: nothing else to read
             return
         message = json.loads(data)
@@ -90,8 +95,25 @@ class SSEState:
             return
         if message.get("choices"):
             self.chunks.append(self.clock())
+            if self.keep_text:
+                self.texts.append(chunk_text(message["choices"][0]))
         usage = message.get("usage")
         if usage:
             self.usage_seen = True
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.output_tokens = int(usage.get("completion_tokens") or 0)
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far ("" unless ``keep_text``)."""
+        return "".join(self.texts)
+
+
+def chunk_text(choice: Any) -> str:
+    """The text one streamed choice carries: ``text`` (completions) or ``delta.content``
+    (chat); "" when it has none (e.g. chat's first, role-only delta)."""
+    if not isinstance(choice, dict):
+        return ""
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return text if isinstance(text, str) else ""

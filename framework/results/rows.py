@@ -23,6 +23,8 @@ from framework.config.search_space import Param
 from framework.config.search_space import SearchSpace
 from framework.engine.feasibility import Feasibility
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
+from framework.load.session_metrics import SESSION_COUNTS
+from framework.load.session_metrics import SESSION_METRICS
 from framework.results.diagnosis import diagnose
 from framework.results.provenance import PROVENANCE_COLUMNS
 from framework.trial.objective import Verdict
@@ -31,7 +33,7 @@ from framework.trial.run import TrialOutcome
 
 SCHEMA_VERSION = 3  # 3: `sampling` (before it, every request was sent with temperature 0)
 _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens",
-                "max_concurrent_requests"}
+                "max_concurrent_requests", *SESSION_COUNTS}
 
 REQUEST_COLUMNS: list[tuple[str, str]] = [
     ("trial_number", "int"), ("step", "int"), ("screening", "bool"), ("rate", "float"),
@@ -40,6 +42,7 @@ REQUEST_COLUMNS: list[tuple[str, str]] = [
     ("tpot_ms", "float"), ("e2el_ms", "float"), ("itl_ms", "list<float>"),
     ("prompt_tokens", "int"), ("output_tokens", "int"), ("success", "bool"), ("error", "str"),
     ("scheduled_s", "float"),
+    ("session_id", "int"), ("turn", "int"),  # dataset multi_turn; null for single requests
 ]
 
 
@@ -81,6 +84,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
     columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
     columns += [("vllm_argv", "list<str>"), ("serve_command", "str"), ("dummy_weights", "bool")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
+    columns += [(m, "int" if m in _INT_METRICS else "float") for m in SESSION_METRICS]
     columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float"),
                 ("capacity_rps", "float"), ("capacity_steps", "int"), ("repeats", "int"),
                 ("objective_ci95_low", "float"), ("objective_ci95_high", "float"),
@@ -245,4 +249,5 @@ def request_rows(number: int, outcome: TrialOutcome) -> list[dict[str, object]]:
         "ttft_ms": _ms(r.ttft_s), "tpot_ms": _ms(r.tpot_s), "e2el_ms": _ms(r.e2el_s),
         "itl_ms": [g * 1000.0 for g in r.itl_s], "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens, "success": r.success, "error": r.error or None,
+        "session_id": r.session_id, "turn": r.turn,
     } for index, step in enumerate(outcome.steps) for r in step.records]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import replace
@@ -28,7 +29,11 @@ from framework.engine.feasibility import check
 from framework.engine.feasibility import check_cpu
 from framework.engine.feasibility import read_model_facts
 from framework.engine.model_info import read_model_info
+from framework.load.conversations import first_turns
+from framework.load.conversations import sharegpt_sessions
+from framework.load.conversations import synthetic_sessions
 from framework.load.sampling import sampling_from
+from framework.load.sharegpt import read_sharegpt_conversations
 from framework.load.workload import Dataset
 from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
@@ -199,7 +204,9 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
     sampling fields, and the SLA's per-request limits as
     goodput SLOs; in capacity mode one request set per rate step (seeds `seed + 1000 +
     step`); runs 2.. of repeats or precision `seed + 2000 + r`; the screening run
-    `seed + 3000`."""
+    `seed + 3000`. dataset multi_turn: multi_turn.num_sessions sessions instead of
+    num_prompts requests, drawn with the same seeds (arrivals are session starts); the
+    warm-up sends the first turns of `warmup_requests` other sessions as single requests."""
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -212,18 +219,23 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                       min_prompt_tokens=w.min_prompt_tokens, max_prompt_tokens=w.max_prompt_tokens,
                       prefix_len=w.prefix_len, prefix_groups=w.prefix_groups,
                       trace=w.timed_trace or TimedTraceSpec())
+    draw, count = dataset.requests, w.num_prompts
+    if w.dataset == "multi_turn":
+        draw, count = _session_draw(w), w.sessions.num_sessions
     try:
-        measured = dataset.requests(tok, w.num_prompts, w.seed)
-        warmup = dataset.requests(tok, w.warmup_requests, w.seed + 1) if w.warmup_requests else []
+        measured = draw(tok, count, w.seed)
+        warmup = draw(tok, w.warmup_requests, w.seed + 1) if w.warmup_requests else []
     except ValueError as exc:
         raise ConfigError(str(w.dataset_path or "workload"), "workload.dataset", w.dataset,
                           str(exc)) from None
+    if w.dataset == "multi_turn":
+        warmup = first_turns(warmup)  # single requests: the first turns of other sessions
     trace = dataset.trace_offsets(w.num_prompts)
     arrivals = _arrivals(w, len(measured), w.seed, trace)
     screen, screen_arrivals = [], None
     if spec.search.screen is not None:
-        n = math.ceil(spec.search.screen * w.num_prompts)
-        screen = dataset.requests(tok, n, w.seed + SCREEN_SEED)
+        n = math.ceil(spec.search.screen * count)
+        screen = draw(tok, n, w.seed + SCREEN_SEED)
         screen_arrivals = _arrivals(w, len(screen), w.seed + SCREEN_SEED, trace)
     capacity = None
     if spec.capacity is not None:
@@ -248,11 +260,25 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     request_rate=None if math.isinf(w.request_rate) else w.request_rate,
                     capacity=capacity,
                     sla_guard=(load_limits(spec.sla) or None) if spec.search.stop_early else None,
-                    repeat_requests=[dataset.requests(tok, w.num_prompts, w.seed + 2000 + r)
+                    repeat_requests=[draw(tok, count, w.seed + 2000 + r)
                                      for r in range(1, spec.search.max_runs)],
                     screen=screen, screen_arrivals=screen_arrivals,
                     min_runs=spec.search.repeats,
-                    sampling=sampling_from(w.sampling.set_fields()), trace_offsets=trace)
+                    sampling=sampling_from(w.sampling.set_fields()), trace_offsets=trace,
+                    max_active_sessions=w.sessions.max_active_sessions)
+
+
+def _session_draw(w: WorkloadSpec) -> Callable[..., list]:
+    """dataset multi_turn: (tokenizer, n, seed) -> n sessions, synthetic or from the ShareGPT
+    file at dataset_path (read once); a file that is not ShareGPT is a ConfigError."""
+    if w.dataset_path is None:
+        return lambda t, n, seed: synthetic_sessions(t, w.sessions, n, seed)
+    try:
+        conversations = read_sharegpt_conversations(w.dataset_path)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(w.dataset_path), "workload.dataset_path", str(w.dataset_path),
+                          str(exc)) from None
+    return lambda t, n, seed: sharegpt_sessions(t, conversations, w.sessions, n, seed)
 
 
 def _arrivals(w: WorkloadSpec, n: int, seed: int,

@@ -21,12 +21,16 @@ from dataclasses import field
 from dataclasses import replace
 
 from framework.base.errors import TrialError
+from framework.load.conversations import is_sessions
+from framework.load.conversations import turn_count
 from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import run_load
 from framework.load.metrics import compute_metrics
 from framework.load.sampling import Sampling
 from framework.load.sampling import request_fields
+from framework.load.session_metrics import session_metrics
+from framework.load.sessions import run_sessions
 from framework.load.workload import RequestSpec
 from framework.load.workload import arrival_offsets
 from framework.trial.capacity import CapacitySettings
@@ -102,6 +106,9 @@ class LoadPlan:
     screen_arrivals: Sequence[float] | None = None
     sampling: Sampling = Sampling()  # sent with every request (warm-up too); unset: not sent
     trace_offsets: Sequence[float] | None = None  # a timed trace's send offsets at speed-up 1
+    # dataset multi_turn: measured, repeat_requests and screen hold load.conversations.Session
+    # items (arrivals are then session starts), sent by load.sessions.run_sessions
+    max_active_sessions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,14 +191,19 @@ class Measurement:
 def run_once(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
              arrivals: Sequence[float] | None, on_done: Callable[[RequestRecord], None],
              deadline: Deadline, doing: str, duration_s: float | None = None) -> LoadResult:
-    """One run of the load generator, cut at the trial's deadline (TrialError trial_timeout)."""
+    """One run of the load generator, cut at the trial's deadline (TrialError trial_timeout);
+    sessions (a multi-turn load) go through the session driver."""
+    common = dict(arrivals=arrivals, max_concurrency=plan.max_concurrency,
+                  ignore_eos=plan.ignore_eos, timeout_s=plan.request_timeout_s, on_done=on_done,
+                  endpoint=plan.endpoint, duration_s=duration_s, api_key=plan.api_key,
+                  fields=request_fields(plan.sampling))
+
     async def bounded() -> LoadResult:
-        return await asyncio.wait_for(run_load(
-            base_url, plan.model, requests, arrivals=arrivals,
-            max_concurrency=plan.max_concurrency, ignore_eos=plan.ignore_eos,
-            timeout_s=plan.request_timeout_s, on_done=on_done, endpoint=plan.endpoint,
-            duration_s=duration_s, api_key=plan.api_key, fields=request_fields(plan.sampling)),
-            None if math.isinf(deadline.left()) else max(0.0, deadline.left()))
+        load = (run_sessions(base_url, plan.model, requests,
+                             max_active_sessions=plan.max_active_sessions, **common)
+                if is_sessions(requests) else run_load(base_url, plan.model, requests, **common))
+        return await asyncio.wait_for(
+            load, None if math.isinf(deadline.left()) else max(0.0, deadline.left()))
 
     deadline.check(doing)
     try:
@@ -213,21 +225,34 @@ def _guarded_run(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
     return m.finish(result), result
 
 
-def _metrics(plan: LoadPlan, result: LoadResult) -> dict[str, float]:
-    return compute_metrics(result.records, result.duration_s, plan.percentiles,
-                           plan.goodput_slo_ms or None)
+def _metrics(plan: LoadPlan, result: LoadResult,
+             planned: Sequence[RequestSpec] = ()) -> dict[str, float]:
+    """vllm bench's metrics; for a run of sessions (`planned`) also load.session_metrics."""
+    metrics = compute_metrics(result.records, result.duration_s, plan.percentiles,
+                              plan.goodput_slo_ms or None)
+    if is_sessions(planned):
+        turns = {i: turn_count([s]) for i, s in enumerate(planned)}
+        metrics.update(session_metrics(result.records, turns))
+    return metrics
 
 
 def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
                    m: Measurement) -> tuple[dict[str, float], str | None]:
     """The screening run (`plan.screen`, SLA-guarded like any run): its metrics and why it
     stopped early (None: it ran out). Recorded as a step marked `screening`."""
-    phase(f"screening ({len(plan.screen)} requests)")
-    m.begin(plan.request_rate, None, len(plan.screen), plan.sla_guard, plan.screen_arrivals)
+    phase(f"screening ({turn_count(plan.screen)} requests)")
+    m.begin(plan.request_rate, None, turn_count(plan.screen), plan.sla_guard,
+            _due(plan.screen, plan.screen_arrivals))
     step, result = _guarded_run(base_url, plan, plan.screen, plan.screen_arrivals, m, deadline,
                                 "screening")
     m.steps[-1] = replace(step, screening=True)
-    return _metrics(plan, result), step.stopped
+    return _metrics(plan, result, plan.screen), step.stopped
+
+
+def _due(items: Sequence[object], arrivals: Sequence[float] | None) -> Sequence[float] | None:
+    """When each request is due, by request index (None: unpaced, or sessions, whose arrivals
+    are session starts and whose later turns wait for answers)."""
+    return None if is_sessions(items) else arrivals
 
 
 def _enough(plan: LoadPlan, runs: Sequence[dict[str, float]], load_s: float) -> str | None:
@@ -252,25 +277,24 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
     sets = [plan.measured, *plan.repeat_requests]
     t0 = time.perf_counter()
     for index, requests in enumerate(sets):
-        done = 0
+        done, total = 0, turn_count(requests)
         label = f"under load (run {index + 1}/{len(sets)})" if len(sets) > 1 else "under load"
 
-        def progress(_: RequestRecord, requests: Sequence[RequestSpec] = requests,
-                     label: str = label) -> None:
+        def progress(_: RequestRecord, total: int = total, label: str = label) -> None:
             nonlocal done
             done += 1
-            if done % max(1, len(requests) // 4) == 0:
-                phase(f"{label}: {done}/{len(requests)} requests")
+            if done % max(1, total // 4) == 0:
+                phase(f"{label}: {done}/{total} requests")
 
-        phase(f"{label}: 0/{len(requests)} requests")
-        m.begin(plan.request_rate, progress, len(requests), plan.sla_guard if index == 0 else None,
-                plan.arrivals)
+        phase(f"{label}: 0/{total} requests")
+        m.begin(plan.request_rate, progress, total, plan.sla_guard if index == 0 else None,
+                _due(requests, plan.arrivals))
         # every run keeps the workload's arrival times (same rate, same burstiness)
         step, result = _guarded_run(base_url, plan, requests, plan.arrivals, m, deadline, label,
                                     plan.duration_s)
-        runs.append(_metrics(plan, result))
+        runs.append(_metrics(plan, result, requests))
         if step.stopped:
-            phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
+            phase(f"stopped early after {len(step.records)}/{total} requests: "
                   f"SLA surely broken ({step.stopped})")
             break
         if (why := _enough(plan, runs, time.perf_counter() - t0)) is not None:

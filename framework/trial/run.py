@@ -28,6 +28,7 @@ from framework.engine.vllm_server import log_tail
 from framework.engine.vllm_server import startup_failure
 from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import wait_ready
+from framework.load.session_metrics import SESSION_COUNTS
 from framework.trial.measure import Deadline
 from framework.trial.measure import LoadPlan
 from framework.trial.measure import LoadStep
@@ -227,7 +228,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             try:
                 if plan.capacity is None:
                     runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
-                    metrics = combine(runs, COUNT_METRICS, PEAK_METRICS)
+                    metrics = combine(runs, COUNT_METRICS + SESSION_COUNTS, PEAK_METRICS)
                 else:
                     metrics = measure_capacity(server.base_url, plan, deadline, phase,
                                                measurement, lambda: _check_still_serving(server))

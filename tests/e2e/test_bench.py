@@ -102,7 +102,7 @@ def test_metrics_sampler_on_a_live_server(server):
 MOONCAKE = ROOT / "datasets" / "mooncake_sample.jsonl"
 
 
-def prefix_hits(server: VllmServer) -> tuple[float, float]:
+def prefix_hits(server: SharedServer) -> tuple[float, float]:
     from framework.engine.server_metrics import PREFIX_HITS
     from framework.engine.server_metrics import PREFIX_QUERIES
     from framework.engine.server_metrics import fetch_text
@@ -122,6 +122,9 @@ def test_equal_hash_ids_hit_the_prefix_cache_and_distinct_ones_do_not(server, tm
     common = list(range(1000, 1016))
     traces = {"distinct": [list(range(2000 + 20 * i, 2020 + 20 * i)) for i in range(12)],
               "shared": [common + list(range(3000 + 4 * i, 3004 + 4 * i)) for i in range(12)]}
+    from framework.engine.control import send
+
+    assert send(server.control_socket, "reset_prefix_cache") == "ok"  # the server is shared
     hits = {}
     for name, ids in traces.items():  # distinct first: nothing of it is cached yet
         path = tmp_path / f"{name}.jsonl"
