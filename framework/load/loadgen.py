@@ -21,6 +21,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 from typing import Literal
 
@@ -44,6 +45,7 @@ class RequestRecord:
 
     ``ttft_s`` = first content chunk - ``send_s``; ``end_s`` = last content chunk for a
     success (vLLM's latency end), the clock when the failure was seen otherwise.
+    ``request_class``: the request's class in a mix (RequestSpec.request_class).
     """
 
     index: int
@@ -55,6 +57,7 @@ class RequestRecord:
     output_tokens: int
     success: bool
     error: str = ""
+    request_class: str | None = None
 
     @property
     def e2el_s(self) -> float | None:
@@ -270,6 +273,8 @@ async def run_load(
                 if loop.time() - loop_start >= deadline:
                     return None
                 record = await stream_one(pool, path, index, payload, timeout_s, clock)
+        if spec.request_class is not None:
+            record = replace(record, request_class=spec.request_class)
         if on_done is not None:
             on_done(record)
         return record

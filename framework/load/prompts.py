@@ -24,12 +24,14 @@ class RequestSpec:
 
     ``prompt_len`` is the token count of ``prompt`` as the tokenizer encodes it,
     special tokens included (what the server reports as ``usage.prompt_tokens``
-    when it uses the same tokenizer).
+    when it uses the same tokenizer). ``request_class``: its class in a mix
+    (framework.load.mix), None outside one.
     """
 
     prompt: str
     prompt_len: int
     output_len: int
+    request_class: str | None = None
 
 
 def load_tokenizer(model_dir: Path) -> Tokenizer:

@@ -25,6 +25,7 @@ from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import run_load
 from framework.load.metrics import compute_metrics
+from framework.load.mix import class_metrics
 from framework.load.sampling import Sampling
 from framework.load.sampling import request_fields
 from framework.load.workload import RequestSpec
@@ -33,11 +34,15 @@ from framework.trial.capacity import CapacitySettings
 from framework.trial.capacity import capacity
 from framework.trial.capacity import next_rate
 from framework.trial.capacity import requests_for
+from framework.trial.objective import by_class
 from framework.trial.objective import evaluate
 from framework.trial.objective import per_device
 from framework.trial.objective import surely_broken
 from framework.trial.precision import PrecisionRule
 from framework.trial.precision import stop_reason
+from framework.trial.saturation import SaturationSettings
+from framework.trial.saturation import SaturationVerdict
+from framework.trial.saturation import SaturationWatch
 
 Phase = Callable[[str], None]
 
@@ -101,27 +106,50 @@ class LoadPlan:
     screen: Sequence[RequestSpec] = ()  # `search.screen`'s short first run
     screen_arrivals: Sequence[float] | None = None
     sampling: Sampling = Sampling()  # sent with every request (warm-up too); unset: not sent
+    classes: tuple[str, ...] = ()  # a mix's request classes: each gets its own metrics
+    saturation: SaturationSettings | None = None  # stop over-saturated runs (trial.saturation)
+    workloads: Sequence[WorkloadPart] = ()  # several workloads, measured one after another
+    aggregate: str = "min"  # how their metrics combine (trial.workloads.aggregate_metrics)
+
+
+@dataclass(frozen=True)
+class WorkloadPart:
+    """One of several workloads (framework.trial.workloads): its name, its weight in a mean
+    objective and its load (its own warm-up and measured requests)."""
+
+    name: str
+    weight: float
+    load: LoadPlan
 
 
 @dataclass(frozen=True)
 class LoadStep:
     """One measured run: its rate (None = unpaced), start (perf_counter s), records, why
-    it stopped early (None: it ran out), and whether it was a screening run."""
+    it stopped early (None: it ran out), and whether it was a screening run; the workload it
+    belongs to (several workloads) and the over-saturation verdict on it (a watched run)."""
 
     rate: float | None
     start_s: float
     records: tuple[RequestRecord, ...]
     stopped: str | None = None
     screening: bool = False
+    workload: str | None = None
+    saturation: SaturationVerdict | None = None
 
 
 class SlaBroken(Exception):
     """Raised from a finished request's callback: the run's SLA is surely broken."""
 
 
+class OverSaturated(SlaBroken):
+    """Raised from a finished request's callback: the run's queue grows without bound."""
+
+
 class Measurement:
     """Steps so far plus the records of the run in progress (for partial results). With an
-    SLA guard, a run stops as soon as objective.surely_broken says its SLA cannot hold."""
+    SLA guard, a run stops as soon as objective.surely_broken says its SLA cannot hold (a
+    class-prefixed limit judged on its class's requests); with a `watch`, as soon as it is
+    over-saturated (trial.saturation)."""
 
     def __init__(self) -> None:
         self.steps: list[LoadStep] = []
@@ -132,11 +160,22 @@ class Measurement:
         self._guard: Mapping[str, float] = {}
         self._total = 0
         self.precision_stop: str | None = None  # why precision runs ended (None: no rule)
+        self.watch: SaturationWatch | None = None  # set while the server's /metrics is sampled
+        self._class_totals: dict[str, int] = {}
 
     def begin(self, rate: float | None, then: Callable[[RequestRecord], None] | None,
-              total: int = 0, guard: Mapping[str, float] | None = None) -> None:
+              total: int = 0, guard: Mapping[str, float] | None = None,
+              requests: Sequence[RequestSpec] = ()) -> None:
+        """A new run of `total` requests (`requests`: them, for their classes' totals)."""
         self._rate, self._start_s, self._records, self._then = rate, time.perf_counter(), [], then
         self._guard, self._total = guard or {}, total
+        self._class_totals = {}
+        for spec in requests:
+            if spec.request_class is not None:
+                self._class_totals[spec.request_class] = (
+                    self._class_totals.get(spec.request_class, 0) + 1)
+        if self.watch is not None:
+            self.watch.begin()
 
     def __call__(self, record: RequestRecord) -> None:
         self._records.append(record)
@@ -144,16 +183,27 @@ class Measurement:
             self._then(record)
         if self._guard and (why := self._broken()):
             raise SlaBroken(why)
+        if self.watch is not None and self.watch.settings.enabled and (
+                verdict := self.watch.check()).saturated:
+            raise OverSaturated(f"over-saturated: {verdict.text()}")
 
     def _broken(self) -> str | None:
-        ok = [r for r in self._records if r.success]
-        values = {"ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
-                  "tpot": [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
-                  "e2el": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None]}
-        return surely_broken(values, len(self._records) - len(ok), self._total, self._guard)
+        for name, limits in by_class(self._guard).items():
+            records = [r for r in self._records if name is None or r.request_class == name]
+            ok = [r for r in records if r.success]
+            values = {"ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+                      "tpot": [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
+                      "e2el": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None]}
+            total = self._total if name is None else self._class_totals.get(name, 0)
+            if why := surely_broken(values, len(records) - len(ok), total, limits):
+                return why if name is None else f"{name}.{why}"
+        return None
+
+    def _verdict(self) -> SaturationVerdict | None:
+        return self.watch.check() if self.watch is not None else None
 
     def finish(self, result: LoadResult) -> LoadStep:
-        step = LoadStep(self._rate, result.start_s, result.records)
+        step = LoadStep(self._rate, result.start_s, result.records, saturation=self._verdict())
         self.steps.append(step)
         self._records = []
         return step
@@ -162,7 +212,8 @@ class Measurement:
         """End the run in progress with the requests finished so far."""
         now = time.perf_counter()
         records = tuple(sorted(self._records, key=lambda r: r.index))
-        step = LoadStep(self._rate, self._start_s, records, stopped=why)
+        step = LoadStep(self._rate, self._start_s, records, stopped=why,
+                        saturation=self._verdict())
         self.steps.append(step)
         self._records = []
         return step, LoadResult(records=records, start_s=self._start_s, end_s=now,
@@ -207,8 +258,13 @@ def _guarded_run(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
 
 
 def _metrics(plan: LoadPlan, result: LoadResult) -> dict[str, float]:
-    return compute_metrics(result.records, result.duration_s, plan.percentiles,
-                           plan.goodput_slo_ms or None)
+    """The run's metrics, and each mix class's (`chat.p99_ttft_ms`, load.mix)."""
+    metrics = compute_metrics(result.records, result.duration_s, plan.percentiles,
+                              plan.goodput_slo_ms or None)
+    if plan.classes:
+        metrics.update(class_metrics(result.records, plan.classes, result.duration_s,
+                                     plan.percentiles, plan.goodput_slo_ms or None))
+    return metrics
 
 
 def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
@@ -216,7 +272,7 @@ def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Pha
     """The screening run (`plan.screen`, SLA-guarded like any run): its metrics and why it
     stopped early (None: it ran out). Recorded as a step marked `screening`."""
     phase(f"screening ({len(plan.screen)} requests)")
-    m.begin(plan.request_rate, None, len(plan.screen), plan.sla_guard)
+    m.begin(plan.request_rate, None, len(plan.screen), plan.sla_guard, plan.screen)
     step, result = _guarded_run(base_url, plan, plan.screen, plan.screen_arrivals, m, deadline,
                                 "screening")
     m.steps[-1] = replace(step, screening=True)
@@ -254,14 +310,16 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
                 phase(f"{label}: {done}/{len(requests)} requests")
 
         phase(f"{label}: 0/{len(requests)} requests")
-        m.begin(plan.request_rate, progress, len(requests), plan.sla_guard)
+        m.begin(plan.request_rate, progress, len(requests), plan.sla_guard, requests)
         # every run keeps the workload's arrival times (same rate, same burstiness)
         step, result = _guarded_run(base_url, plan, requests, plan.arrivals, m, deadline, label,
                                     plan.duration_s)
         runs.append(_metrics(plan, result))
         if step.stopped:
+            why = ("over-saturated" if step.saturation and step.saturation.saturated
+                   else "SLA surely broken")
             phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
-                  f"SLA surely broken ({step.stopped})")
+                  f"{why} ({step.stopped})")
             break
         if (why := _enough(plan, runs, time.perf_counter() - t0)) is not None:
             m.precision_stop = why
@@ -288,7 +346,7 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
         arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
         doing = f"under load at {rate:.3g} req/s"
         phase(f"{doing} ({len(requests)} requests, step {index + 1})")
-        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None)
+        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None, requests)
         step, result = _guarded_run(base_url, plan, requests, arrivals, m, deadline, doing)
         still_serving()
         metrics = _metrics(plan, result)
