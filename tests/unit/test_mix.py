@@ -216,3 +216,11 @@ def test_bad_mixes_are_one_line_errors_naming_the_entry(tmp_path, changes, key, 
         load_sweep(_sweep(tmp_path, **changes))
     assert err.value.key == key and says in err.value.reason, str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_report_states_the_mix(tmp_path):
+    from framework.results.html_report import _workload_text
+
+    text = _workload_text(load_sweep(_sweep(tmp_path)).workload)
+    assert text.startswith("mix of chat 70% (random 64 / 16), summarize 30% (random 300 / 16)")
+    assert "4 req/s" in text

@@ -165,3 +165,11 @@ def test_workload_rows_are_written_and_read_back_with_duckdb(tmp_path):
     assert rows[1][:5] == (7, "mixed", 3.0, False, 60.0)
     assert rows[1][7] is True and rows[1][8] == pytest.approx(10.0)
     assert rows[1][9].startswith("over-saturated") and rows[1][10] is None and rows[1][11] == "w"
+
+
+def test_the_workload_digest_covers_every_workload(tmp_path):
+    from framework.results.provenance import workload_sha256
+
+    one = workload_sha256(load_sweep(_sweep(tmp_path)))
+    assert one == workload_sha256(load_sweep(_sweep(tmp_path)))
+    assert one != workload_sha256(load_sweep(_sweep(tmp_path, second={"request_rate": 3})))
