@@ -52,7 +52,8 @@ LOWER_BOUND_KEYS = (MIN_TOKEN_AGREEMENT,)
 _LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
 
-CLASS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")  # a mix class: no dot, no clash
+# A mix class's name: no dot, and not a percentile word (p99), so `p99.9_itl_ms` is no class key.
+CLASS_NAME = re.compile(r"^(?!p\d+$)[A-Za-z][A-Za-z0-9_-]{0,31}$")
 
 
 def class_key(request_class: str, key: str) -> str:
@@ -64,7 +65,7 @@ def split_class_key(key: str) -> tuple[str | None, str]:
     """`summarize.p99_ttft_ms` -> ("summarize", "p99_ttft_ms"); a key without a class prefix
     -> (None, key). A dot inside a percentile (p99.9_itl_ms) is no prefix."""
     head, dot, rest = key.partition(".")
-    if dot and CLASS_NAME.match(head) and not is_latency_metric(key):
+    if dot and CLASS_NAME.match(head):
         return head, rest
     return None, key
 

@@ -60,7 +60,8 @@ class RequestClassSpec(BaseModel):
     def _name(cls, name: str) -> str:
         if not CLASS_NAME.match(name):
             raise ValueError("use letters, digits, '_' or '-' (at most 32), starting with a "
-                             "letter: the name prefixes the class's metric columns")
+                             "letter, not a percentile word like p99: the name prefixes the "
+                             "class's metric columns")
         return name
 
     @field_validator("dataset_path")

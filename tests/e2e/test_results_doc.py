@@ -136,7 +136,7 @@ def test_workloads_table_columns_are_the_code_schema():
     rows = documented_columns()["workloads"]
     assert {r[0] for r in rows if "<" in r[0]} == {"<metric>", "<class>.<metric>"}
     documented = {n: k for n, k in _kinds(rows).items() if "<" not in n}
-    trial = dict(trial_columns(SearchSpace.model_validate({"parameters": {}}),
+    trial = dict(trial_columns(load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml"),
                                WorkloadSpec().percentiles))
     code = dict(workload_columns(WorkloadSpec().percentiles))
     by_rule = {n: k for n, k in code.items() if n not in documented}

@@ -169,6 +169,8 @@ def _spec(klass: str):
     ("chat.error_rate", ("chat", "error_rate"), "%"),
     ("chat.p99.9_itl_ms", ("chat", "p99.9_itl_ms"), "ms"),
     ("p99.9_itl_ms", (None, "p99.9_itl_ms"), "ms"),
+    ("p99.9_itl_ms_ci95_high", (None, "p99.9_itl_ms_ci95_high"), "ms"),
+    ("chat.p99_ttft_ms_ci95_high", ("chat", "p99_ttft_ms_ci95_high"), "ms"),
     ("output_throughput", (None, "output_throughput"), "tok/s"),
 ])
 def test_class_keys_split_and_keep_their_metric_unit(key, split, unit):
@@ -206,6 +208,7 @@ def test_a_mix_sweep_loads_with_its_classes(tmp_path):
     ({"sla": {"chat.p99_foo_ms": 1}}, "sla", "unknown metric"),
     ({"workload__mix__1__name": "chat"}, "workload.mix", "repeats a class name"),
     ({"workload__mix__1__name": "sum.mary"}, "workload.mix.1.name", "letters"),
+    ({"workload__mix__1__name": "p99"}, "workload.mix.1.name", "percentile word"),
     ({"workload__mix__0__weight": 0}, "workload.mix.0.weight", "greater than 0"),
     ({"workload__mix__0__prefix_len": 8}, "workload.mix.0.prefix_len", "prefix-shared only"),
     ({"workload__mix__1__dataset": "sharegpt"}, "workload.mix.1", "needs dataset_path"),
