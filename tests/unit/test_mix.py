@@ -227,3 +227,29 @@ def test_the_report_states_the_mix(tmp_path):
     text = _workload_text(load_sweep(_sweep(tmp_path)).workload)
     assert text.startswith("mix of chat 70% (random 64 / 16), summarize 30% (random 300 / 16)")
     assert "4 req/s" in text
+
+
+def test_repeated_runs_combine_a_class_key_like_its_metric():
+    from framework.base.vocabulary import COUNT_METRICS
+    from framework.base.vocabulary import PEAK_METRICS
+    from framework.trial.stats import combine
+
+    runs = [{"chat.completed": 7, "chat.p99_ttft_ms": 100.0, "chat.max_concurrent_requests": 3},
+            {"chat.completed": 6, "chat.p99_ttft_ms": 300.0, "chat.max_concurrent_requests": 5}]
+    assert combine(runs, COUNT_METRICS, PEAK_METRICS) == {
+        "chat.completed": 13, "chat.p99_ttft_ms": 200.0, "chat.max_concurrent_requests": 5}
+
+
+def test_the_load_plan_of_a_mix_draws_every_request_set_as_a_mix(tmp_path):
+    """Measured, warm-up, capacity steps and repeats: each set a mix of its own seed."""
+    from framework.sweep.loader import load_plan
+
+    spec = load_sweep(_sweep(tmp_path, workload__num_prompts=20, workload__warmup_requests=10,
+                             capacity={"start_rate": 1, "max_steps": 2}))
+    plan = load_plan(spec)
+    assert plan.classes == ("chat", "summarize")
+    for requests in (plan.measured, plan.warmup, *plan.capacity.step_requests):
+        assert Counter(r.request_class for r in requests) == {
+            "chat": len(requests) * 7 // 10, "summarize": len(requests) * 3 // 10}
+    assert [r.prompt for r in plan.measured] != [r.prompt for r in plan.capacity.step_requests[0]]
+    assert "summarize.p99_ttft_ms" in plan.capacity.sla
