@@ -145,6 +145,9 @@ class OverSaturated(SlaBroken):
     """Raised from a finished request's callback: the run's queue grows without bound."""
 
 
+OVER_SATURATED = "over-saturated"  # how the `stopped` text of such a run begins
+
+
 class Measurement:
     """Steps so far plus the records of the run in progress (for partial results). With an
     SLA guard, a run stops as soon as objective.surely_broken says its SLA cannot hold (a
@@ -185,7 +188,7 @@ class Measurement:
             raise SlaBroken(why)
         if self.watch is not None and self.watch.settings.enabled and (
                 verdict := self.watch.check()).saturated:
-            raise OverSaturated(f"over-saturated: {verdict.text()}")
+            raise OverSaturated(f"{OVER_SATURATED}: {verdict.text()}")
 
     def _broken(self) -> str | None:
         for name, limits in by_class(self._guard).items():
@@ -316,10 +319,9 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
                                     plan.duration_s)
         runs.append(_metrics(plan, result))
         if step.stopped:
-            why = ("over-saturated" if step.saturation and step.saturation.saturated
-                   else "SLA surely broken")
+            why = "" if step.stopped.startswith(OVER_SATURATED) else "SLA surely broken: "
             phase(f"stopped early after {len(step.records)}/{len(requests)} requests: "
-                  f"{why} ({step.stopped})")
+                  f"{why}{step.stopped}")
             break
         if (why := _enough(plan, runs, time.perf_counter() - t0)) is not None:
             m.precision_stop = why
