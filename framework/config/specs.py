@@ -30,11 +30,17 @@ from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
 from framework.config.multi_turn_spec import MultiTurnSpec
 from framework.config.multi_turn_spec import workload_problem
+from framework.base.vocabulary import split_class_key
+from framework.config.mix_spec import RequestClassSpec
+from framework.config.mix_spec import class_workload
+from framework.config.mix_spec import mix_problem
 from framework.config.sampling_spec import SamplingSpec
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
 from framework.config.search_spec import SearchSpec
 from framework.config.trace_spec import TimedTraceSpec
+from framework.config.workloads_spec import first_workload
+from framework.config.workloads_spec import workloads_problem
 from framework.config.yaml_io import SecretInSweep
 from framework.config.yaml_io import load_validated
 
@@ -120,6 +126,7 @@ class WorkloadSpec(_Spec):
     endpoint: `completions` (/v1/completions) or `chat` (/v1/chat/completions).
     duration_s: stop sending new requests after this many seconds (requests in flight
     finish); the run also ends when num_prompts have been sent.
+    mix: request classes sent together over this one arrival process (config.mix_spec).
     """
 
     dataset: Literal["random", "sharegpt", "prefix-shared", "timed_trace", "multi_turn"] = "random"
@@ -147,6 +154,7 @@ class WorkloadSpec(_Spec):
     timed_trace: TimedTraceSpec | None = None  # dataset timed_trace: how its file is read
     speed_up: float = Field(default=1.0, gt=0)  # dataset timed_trace: replay this many times faster
     multi_turn: MultiTurnSpec | None = None  # dataset multi_turn's sessions (config.multi_turn_spec)
+    mix: tuple[RequestClassSpec, ...] = ()
 
     @field_validator("percentiles")
     @classmethod
@@ -206,6 +214,33 @@ class WorkloadSpec(_Spec):
         """The multi-turn settings (defaults when the section is left out)."""
         return self.multi_turn or MultiTurnSpec()
 
+    @model_validator(mode="after")
+    def _mix_classes(self) -> WorkloadSpec:
+        """Each class of the mix, with the workload's keys it does not set, is a valid workload."""
+        if self.mix and self.dataset in ("timed_trace", "multi_turn"):
+            raise ValueError(f"mix: classes of single requests share one arrival process; "
+                             f"dataset {self.dataset} brings its own schedule and does not mix")
+        if problem := mix_problem(self._set_fields(), self.mix, WorkloadSpec.model_validate):
+            raise problem
+        return self
+
+    def for_class(self, name: str) -> WorkloadSpec:
+        """The workload request class `name` of the mix sees (its dataset keys over ours)."""
+        c = next(c for c in self.mix if c.name == name)
+        return WorkloadSpec.model_validate(class_workload(self._set_fields(), c))
+
+    def _set_fields(self) -> dict[str, Any]:
+        """The workload fields given in the file (a named workload's name and weight left out)."""
+        return {k: getattr(self, k) for k in self.model_fields_set if k in WorkloadSpec.model_fields}
+
+
+class NamedWorkloadSpec(WorkloadSpec):
+    """One of several workloads (`workloads:`, config.workloads_spec): a workload with a name
+    (its rows in `results/<sweep>/workloads/`) and a weight (for `objective.aggregate: mean`)."""
+
+    name: str = Field(pattern=_NAME.pattern)
+    weight: float = Field(default=1.0, gt=0)
+
 
 def _known_metric(metric: str) -> str:
     if metric not in THROUGHPUT_METRICS and not is_latency_metric(metric):
@@ -228,6 +263,7 @@ class ObjectiveSpec(_Spec):
     metric: str = "output_throughput"
     direction: Literal["maximize", "minimize"] = "maximize"
     pareto_with: tuple[str, ...] = ()
+    aggregate: Literal["min", "mean"] = "min"  # over `workloads:` (config.workloads_spec)
 
     @field_validator("metric")
     @classmethod
@@ -289,6 +325,7 @@ class SweepSpec(_Spec):
     server: ServerSpec = ServerSpec()
     gpu: str | None = None  # GPU type (feasibility.GPUS) for the memory model, engine gpu
     workload: WorkloadSpec = WorkloadSpec()
+    workloads: tuple[NamedWorkloadSpec, ...] = ()  # several: `workload` is then the first
     objective: ObjectiveSpec = ObjectiveSpec()
     sla: dict[str, float] = Field(default_factory=dict)
     search: SearchSpec = SearchSpec()
@@ -316,19 +353,37 @@ class SweepSpec(_Spec):
     def _sla_keys(cls, sla: dict[str, float]) -> dict[str, float]:
         """Upper bounds on latency keys and error_rate; `min_token_agreement`, a lower bound on
         the quality probe's token agreement with the baseline (framework.trial.quality)."""
-        for key, limit in sla.items():
-            if key == MIN_TOKEN_AGREEMENT:
+        for full_key, limit in sla.items():
+            request_class, key = split_class_key(full_key)
+            if key == MIN_TOKEN_AGREEMENT and request_class is None:
                 if not 0 < limit <= 1:
                     raise ValueError(f"SLA limit for {key} must be in (0, 1], got {limit}")
                 continue
             if key != "error_rate" and not is_latency_metric(key):
-                raise ValueError(f"SLA on unknown metric {key!r}; use latency keys like "
-                                 "p99_ttft_ms, error_rate or min_token_agreement")
+                raise ValueError(f"SLA on unknown metric {full_key!r}; use latency keys like "
+                                 "p99_ttft_ms, error_rate or min_token_agreement (with a mix: "
+                                 "<class>.p99_ttft_ms, <class>.error_rate)")
             if key == "error_rate" and not 0 <= limit <= 1:
                 raise ValueError(f"SLA limit for error_rate must be in [0, 1], got {limit}")
             if key != "error_rate" and not limit > 0:
                 raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
         return sla
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_workload(cls, data: Any) -> Any:
+        """With `workloads:`, `workload` is the first of them (what reads one workload sees);
+        both in one file is an error."""
+        return first_workload(data)
+
+    @model_validator(mode="after")
+    def _workloads_and_classes(self) -> SweepSpec:
+        """Several workloads obey config.workloads_spec; a class-prefixed SLA key names a
+        class of a mix."""
+        if problem := workloads_problem(self.workloads, self.workload, self.sla, self.capacity,
+                                        self.search):
+            raise problem
+        return self
 
     @model_validator(mode="after")
     def _quality_needs_baseline(self) -> SweepSpec:
@@ -374,8 +429,9 @@ class SweepSpec(_Spec):
     def _percentiles_cover_sla(self) -> SweepSpec:
         have = {percentile_key(m, p) for m in LATENCY_METRICS for p in self.workload.percentiles}
         for key in [*self.sla, *self.objective.metrics]:
-            parsed = parse_latency_key(key)
-            if parsed is not None and parsed.stat.startswith("p") and key not in have:
+            metric = split_class_key(key)[1]
+            parsed = parse_latency_key(metric)
+            if parsed is not None and parsed.stat.startswith("p") and metric not in have:
                 raise ValueError(f"{key} needs percentile {parsed.percentile:g} in "
                                  f"workload.percentiles {list(self.workload.percentiles)}")
         return self

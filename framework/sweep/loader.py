@@ -18,6 +18,7 @@ from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
 from framework.config.search_space import grid_values
 from framework.config.search_space import load_search_space
+from framework.config.specs import NamedWorkloadSpec
 from framework.config.specs import SweepSpec
 from framework.config.specs import WorkloadSpec
 from framework.config.specs import load_sweep
@@ -32,6 +33,8 @@ from framework.engine.model_info import read_model_info
 from framework.load.conversations import first_turns
 from framework.load.conversations import sharegpt_sessions
 from framework.load.conversations import synthetic_sessions
+from framework.load.mix import Mix
+from framework.load.mix import RequestClass
 from framework.load.sampling import sampling_from
 from framework.load.sharegpt import read_sharegpt_conversations
 from framework.load.workload import Dataset
@@ -44,7 +47,9 @@ from framework.sweep.value_checks import check_run_settings
 from framework.trial.capacity import CapacitySettings
 from framework.trial.measure import CapacityPlan
 from framework.trial.measure import LoadPlan
+from framework.trial.measure import WorkloadPart
 from framework.trial.objective import goodput_slo_ms
+from framework.trial.saturation import SaturationSettings
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,14 @@ def server_env(spec: SweepSpec, local: bool = True) -> dict[str, str]:
 SCREEN_SEED = 3000  # the screening run's requests and arrivals: workload seed + this
 
 
+def _dataset(w: WorkloadSpec) -> Dataset:
+    return Dataset(name=w.dataset, input_len=w.input_len, output_len=w.output_len,
+                   range_ratio=w.range_ratio, path=w.dataset_path,
+                   min_prompt_tokens=w.min_prompt_tokens, max_prompt_tokens=w.max_prompt_tokens,
+                   prefix_len=w.prefix_len, prefix_groups=w.prefix_groups,
+                   trace=w.timed_trace or TimedTraceSpec())
+
+
 def load_plan(spec: SweepSpec) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
     `seed + 1` (warm-up), arrivals (a timed trace's: its timestamps / speed_up), its
@@ -206,7 +219,11 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
     step`); runs 2.. of repeats or precision `seed + 2000 + r`; the screening run
     `seed + 3000`. dataset multi_turn: multi_turn.num_sessions sessions instead of
     num_prompts requests, drawn with the same seeds (arrivals are session starts); the
-    warm-up sends the first turns of `warmup_requests` other sessions as single requests."""
+    warm-up sends the first turns of `warmup_requests` other sessions as single requests.
+    A mix draws each set with load.mix.mix_requests from the same seed.
+    Several workloads: one such plan per workload, measured one after another."""
+    if spec.workloads:
+        return _workloads_plan(spec)
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -214,11 +231,11 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
         key = "workload.tokenizer" if w.tokenizer else "model"
         raise ConfigError(spec.name, key, str(w.tokenizer or spec.model),
                           f"{exc} (set workload.tokenizer to a folder with tokenizer.json)") from None
-    dataset = Dataset(name=w.dataset, input_len=w.input_len, output_len=w.output_len,
-                      range_ratio=w.range_ratio, path=w.dataset_path,
-                      min_prompt_tokens=w.min_prompt_tokens, max_prompt_tokens=w.max_prompt_tokens,
-                      prefix_len=w.prefix_len, prefix_groups=w.prefix_groups,
-                      trace=w.timed_trace or TimedTraceSpec())
+    single = _dataset(w)
+    dataset: Dataset | Mix = single
+    if w.mix:
+        dataset = Mix(tuple(RequestClass(c.name, c.weight, _dataset(w.for_class(c.name)))
+                            for c in w.mix))
     draw, count = dataset.requests, w.num_prompts
     if w.dataset == "multi_turn":
         draw, count = _session_draw(w), w.sessions.num_sessions
@@ -230,7 +247,7 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                           str(exc)) from None
     if w.dataset == "multi_turn":
         warmup = first_turns(warmup)  # single requests: the first turns of other sessions
-    trace = dataset.trace_offsets(w.num_prompts)
+    trace = single.trace_offsets(w.num_prompts)
     arrivals = _arrivals(w, len(measured), w.seed, trace)
     screen, screen_arrivals = [], None
     if spec.search.screen is not None:
@@ -265,7 +282,26 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     screen=screen, screen_arrivals=screen_arrivals,
                     min_runs=spec.search.repeats,
                     sampling=sampling_from(w.sampling.set_fields()), trace_offsets=trace,
-                    max_active_sessions=w.sessions.max_active_sessions)
+                    max_active_sessions=w.sessions.max_active_sessions,
+                    classes=tuple(c.name for c in w.mix),
+                    saturation=saturation_settings(spec))
+
+
+def saturation_settings(spec: SweepSpec) -> SaturationSettings:
+    s = spec.search.saturation
+    return SaturationSettings(enabled=s.enabled, min_duration_s=s.min_duration_s,
+                              min_samples=s.min_samples, min_growth=s.min_growth,
+                              max_margin=s.max_margin)
+
+
+def _workloads_plan(spec: SweepSpec) -> LoadPlan:
+    """Several workloads: each one's plan as if it were the sweep's only workload; the trial's
+    plan is the first's without a warm-up of its own (each workload warms up before its run)."""
+    parts = [WorkloadPart(w.name, w.weight,
+                          load_plan(spec.model_copy(update={"workload": w, "workloads": ()})))
+             for w in spec.workloads]
+    return replace(parts[0].load, warmup=(), workloads=tuple(parts),
+                   aggregate=spec.objective.aggregate)
 
 
 def _session_draw(w: WorkloadSpec) -> Callable[..., list]:
@@ -295,10 +331,21 @@ def _arrivals(w: WorkloadSpec, n: int, seed: int,
 def with_run_settings(plan: LoadPlan, spec: SweepSpec, settings: Mapping[str, Scalar]) -> LoadPlan:
     """`plan` with a trial's run settings (workload field -> value, search_space.RUN_SETTINGS)
     in place of the workload's: concurrency, and the arrivals of its request rate and
-    burstiness (drawn with the workload's seed, as load_plan does) or of its speed-up. Pure."""
+    burstiness (drawn with the workload's seed, as load_plan does) or of its speed-up; with
+    several workloads, in each. Pure."""
     if not settings:
         return plan
-    w = spec.workload.model_copy(update=dict(settings))
+    if plan.workloads:
+        named: dict[str, NamedWorkloadSpec] = {w.name: w for w in spec.workloads}
+        parts = tuple(replace(p, load=_with_settings(p.load, named[p.name], settings))
+                      for p in plan.workloads)
+        return replace(_with_settings(plan, spec.workload, settings), workloads=parts)
+    return _with_settings(plan, spec.workload, settings)
+
+
+def _with_settings(plan: LoadPlan, workload: WorkloadSpec,
+                   settings: Mapping[str, Scalar]) -> LoadPlan:
+    w = workload.model_copy(update=dict(settings))
     rate = float(w.request_rate)
     trace = None if plan.trace_offsets is None else list(plan.trace_offsets)
     screen_arrivals = (_arrivals(w, len(plan.screen), w.seed + SCREEN_SEED, trace)

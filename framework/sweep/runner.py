@@ -39,6 +39,7 @@ from rich.console import Console
 
 from framework.cluster.placement import ask_another
 from framework.config.search_space import grid_size
+from framework.config.workloads_spec import class_names
 from framework.engine.feasibility import Feasibility
 from framework.results.console import Progress
 from framework.results.console import print_summary
@@ -48,6 +49,8 @@ from framework.results.rows import TrialContext
 from framework.results.rows import request_rows
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
+from framework.results.workload_rows import workload_columns
+from framework.results.workload_rows import workload_rows
 from framework.search.tuner import Evaluation
 from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
@@ -71,6 +74,7 @@ from framework.trial.run import Reused
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome
 from framework.trial.run import run_trial
+from framework.trial.workloads import judge_workloads
 
 
 class ClusterLauncher(ServerLauncher, Protocol):
@@ -107,7 +111,10 @@ class Runner:
         self.sweep, self.launcher, self.console = sweep, launcher, console
         self.spec = spec = sweep.spec
         self.store = sweep.store
-        self.columns = trial_columns(sweep.space, spec.workload.percentiles, list(spec.sla))
+        classes = class_names(w.mix for w in (*spec.workloads, spec.workload))
+        self.columns = trial_columns(sweep.space, spec.workload.percentiles, list(spec.sla),
+                                     classes)
+        self.workload_columns = workload_columns(spec.workload.percentiles, classes)
         self.vllm_version = _vllm_version()
         self.tuner = Tuner(self.store.journal_path, spec.name, sweep.space,
                            spec.objective.directions, spec.search.sampler,
@@ -321,7 +328,7 @@ class Runner:
                 server_log: Path | None = None) -> dict:
         """Write the trial's request rows, then its row; tell the study. Returns the row."""
         p, obj = plan.proposal, self.spec.objective
-        verdict, intervals = None, None
+        verdict, intervals, each = None, None, []
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
         if outcome.ok:
             devices = plan.shape.world_size
@@ -329,6 +336,10 @@ class Runner:
             outcome = replace(outcome, metrics=per_device(outcome.metrics, devices))
             verdict, intervals = evaluate_repeated(runs, sla, obj.metric, obj.pareto_with,
                                                    self.spec.search.sla_on, judged)
+            if outcome.workloads:  # the SLA on each workload, their objectives aggregated
+                results, verdict, each = judge_workloads(outcome.workloads, devices, sla, obj,
+                                                         judged)
+                outcome = replace(outcome, workloads=results)
             intervals.update(precision_columns([float(r[obj.metric]) for r in runs],
                                                plan.load.precision, outcome.precision_stop))
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
@@ -338,6 +349,10 @@ class Runner:
                            confirmation_of=p.confirm_of)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
+        if self.spec.workloads:
+            self.store.write_workloads(p.number, workload_rows(p.number, outcome, each,
+                                                               self.workload_columns),
+                                       self.workload_columns)
         self.store.write_trial(row, self.columns)
         self.tuner.tell(p, Evaluation(
             objective=(verdict.values if len(verdict.values) > 1 else verdict.objective)
