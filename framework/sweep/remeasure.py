@@ -14,6 +14,7 @@ the next `confirm_top` are confirmed, up to CONFIRM_ROUNDS rounds in all.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from framework.config.search_space import SearchSpace
@@ -23,7 +24,9 @@ from framework.results.queries import confirmation_candidates
 from framework.results.queries import trial_params
 from framework.results.verdict import confirmed_meeting
 from framework.results.verdict import sweep_noise
+from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
+from framework.trial.measure import LoadPlan
 from framework.trial.precision import PrecisionRule
 
 
@@ -99,3 +102,18 @@ def precision_rule(spec: SweepSpec, devices: int, trials: Any) -> PrecisionRule 
                          max_load_s=s.precision_max_load_s, metric=spec.objective.metric,
                          devices=devices, noise=sweep_noise(trials),
                          best=best_measured(trials, maximize), maximize=maximize)
+
+
+def remeasure_load(spec: SweepSpec, load: LoadPlan, proposal: Proposal, devices: int,
+                   trials: Any) -> LoadPlan:
+    """The load a trial launched now measures: with the precision rule (precision_rule), and,
+    for the confirmation of a configuration other than the baseline, without the early stop
+    on a surely-broken SLA: the verdict judges a confirmed configuration on the mean of its
+    fresh servers, so a confirmation cut short (its value unknown) would drop a configuration
+    that meets the SLA on that mean."""
+    rule = precision_rule(spec, devices, trials)
+    if rule is not None:
+        load = replace(load, precision=rule)
+    if proposal.confirm_of is not None and not proposal.is_baseline:
+        load = replace(load, sla_guard=None)
+    return load

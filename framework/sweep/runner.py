@@ -57,10 +57,10 @@ from framework.search.tuner import Tuner
 from framework.sweep.loader import Sweep
 from framework.sweep.loader import load_plan
 from framework.sweep.quality_gate import QualityGate
-from framework.sweep.remeasure import precision_rule
 from framework.sweep.remeasure import queue_confirmations
 from framework.sweep.remeasure import queue_interleaved
 from framework.sweep.remeasure import queue_more_confirmations
+from framework.sweep.remeasure import remeasure_load
 from framework.sweep.server_pool import ServerPool
 from framework.sweep.trial_plan import Running
 from framework.sweep.trial_plan import TrialPlan
@@ -241,9 +241,8 @@ class Runner:
         one (confirmation runs re-measure on fresh servers)."""
         with self._lock:
             self._waiting[plan.number] = len(plan.wanted)
-        rule = precision_rule(self.spec, plan.shape.world_size, self.store.read_trials())
-        if rule is not None:
-            plan = replace(plan, load=replace(plan.load, precision=rule))
+        plan = replace(plan, load=remeasure_load(self.spec, plan.load, plan.proposal,
+                                                 plan.shape.world_size, self.store.read_trials()))
         reuse = None if plan.proposal.confirm_of is not None else self._pool.take(plan.key)
         log_path = reuse.log_path if reuse else self.store.log_path(plan.number)
         running = Running(plan, feas, log_path)
