@@ -149,9 +149,11 @@ def test_trace_replay_sends_what_vllm_bench_sends(server, tmp_path: Path):
     serve --dataset-name timed_trace and vllm-sweep bench send the same requests with the same
     input lengths, so the same total input and output tokens, and ours are sent on the
     trace's schedule."""
+    import os
     import subprocess
     import sys
 
+    from benchmarks.loadgen_parity import SERVER_ENV
     from framework.config.trace_spec import TimedTraceSpec
     from framework.load.trace import read_trace
     from framework.load.trace import send_offsets
@@ -165,7 +167,8 @@ def test_trace_replay_sends_what_vllm_bench_sends(server, tmp_path: Path):
                            server.base_url, "--model", str(ROOT / "models" / "tiny-llama"),
                            *args, "--save-result", "--result-dir", str(tmp_path),
                            "--result-filename", "vllm.json", "--disable-tqdm"],
-                          capture_output=True, text=True, timeout=200, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=200, cwd=tmp_path,
+                          env={**os.environ, **SERVER_ENV})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     theirs = json.loads((tmp_path / "vllm.json").read_text())
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens",

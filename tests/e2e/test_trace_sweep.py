@@ -46,7 +46,7 @@ def test_trace_replay_sweep_runs_and_reads_back(tiny_model, short_tmp):
     lengths = [min(r.input_length, 16 * len(r.hash_ids or ())) for r in rows]
     assert set(trials["total_input_tokens"]) == {sum(lengths)}
     assert set(trials["total_output_tokens"]) == {sum(r.output_length for r in rows)}
-    assert (trials["prefix_cache_hit_rate"] > 0.2).all()  # the trace's prefixes reach the server
+    assert (trials["prefix_cache_hit_rate"] > 0.15).all()  # ~0.30 reusable at 128-token blocks
 
     requests = duckdb.sql(
         f"SELECT t.param_speed_up AS speed, r.request_index, r.scheduled_s, r.send_s, "
