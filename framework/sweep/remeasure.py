@@ -91,6 +91,21 @@ def queue_more_confirmations(spec: SweepSpec, space: SearchSpace, tuner: Tuner,
     return len(top)
 
 
+def queue_end_runs(spec: SweepSpec, space: SearchSpace, tuner: Tuner, trials: Any
+                   ) -> tuple[int, str]:
+    """At the search's target: the first round of confirmation runs (queue_confirmations) or,
+    once it is done, the next (queue_more_confirmations). Returns how many runs were queued and
+    the progress note that says why (0 and "": the sweep is done)."""
+    top, base = queue_confirmations(spec, space, tuner, trials)
+    if top + base:
+        then = ", then vLLM's defaults" if base else ""
+        return top + base, (f"confirmation runs on fresh servers: the {top} best feasible "
+                            f"configurations once more{then}")
+    more = queue_more_confirmations(spec, space, tuner, trials)
+    return more, (f"no confirmed configuration met the SLA on its fresh servers: confirming "
+                  f"the next {more} best feasible" if more else "")
+
+
 def precision_rule(spec: SweepSpec, devices: int, trials: Any) -> PrecisionRule | None:
     """The rule a trial launched now measures under: the sweep's noise so far and its best
     feasible objective measured in full (None without `search.precision`)."""

@@ -58,8 +58,8 @@ from framework.sweep.loader import Sweep
 from framework.sweep.loader import load_plan
 from framework.sweep.quality_gate import QualityGate
 from framework.sweep.remeasure import queue_confirmations
+from framework.sweep.remeasure import queue_end_runs
 from framework.sweep.remeasure import queue_interleaved
-from framework.sweep.remeasure import queue_more_confirmations
 from framework.sweep.remeasure import remeasure_load
 from framework.sweep.server_pool import ServerPool
 from framework.sweep.trial_plan import Running
@@ -146,7 +146,8 @@ class Runner:
         # re-runs come on top of the grid's size: an interrupted grid point runs again
         target = self._grid_capped(target) + self.tuner.waiting_retries()
         if done >= target:
-            target += sum(self._queue_confirmations())
+            target += sum(queue_confirmations(self.spec, self.sweep.space, self.tuner,
+                                              self.store.read_trials()))
         if done >= target:
             self.console.print(f"study '{spec.name}' already holds {done} finished trials "
                                f"(target {target}); nothing to run. Use --add-trials N to extend.")
@@ -189,19 +190,11 @@ class Runner:
         the loop goes on for them."""
         if loop.done < loop.target:
             return True
-        top, base = self._queue_confirmations()
-        if top + base:
-            then = ", then vLLM's defaults" if base else ""
-            note = (f"confirmation runs on fresh servers: the {top} best feasible "
-                    f"configurations once more{then}")
-        else:
-            top = queue_more_confirmations(self.spec, self.sweep.space, self.tuner,
-                                           self.store.read_trials())
-            if not top:
-                return False
-            note = (f"no confirmed configuration met the SLA on its fresh servers: confirming "
-                    f"the next {top} best feasible")
-        loop.target += top + base
+        queued, note = queue_end_runs(self.spec, self.sweep.space, self.tuner,
+                                      self.store.read_trials())
+        if not queued:
+            return False
+        loop.target += queued
         loop.progress.total = loop.target
         loop.progress.note(note)
         return True
@@ -386,12 +379,6 @@ class Runner:
             return False
         self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
         return True
-
-    def _queue_confirmations(self) -> tuple[int, int]:
-        """At the end of the search: remeasure.queue_confirmations (the top configurations and
-        the baseline once more, on fresh servers). Returns how many of each were queued."""
-        return queue_confirmations(self.spec, self.sweep.space, self.tuner,
-                                   self.store.read_trials())
 
     def recover(self) -> None:
         """Close trials an earlier, killed driver left RUNNING (re-queued if the sweep says
