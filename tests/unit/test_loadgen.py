@@ -77,7 +77,7 @@ class FakeSSEServer:
         self.payloads.append(payload)
         self.client_ports.append(request.transport.get_extra_info("peername")[1])
         prompt = payload["prompt"] if "prompt" in payload else payload["messages"][0]["content"]
-        scenario = SCENARIOS[prompt]
+        scenario = SCENARIOS["normal" if isinstance(prompt, list) else prompt]  # token ids
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         left = False
@@ -293,6 +293,35 @@ def test_arrival_offsets_delay_sends() -> None:
     first, second = result.records
     assert second.send_s - first.send_s >= 0.29
     assert second.send_s - result.start_s >= 0.29
+
+
+@pytest.mark.timeout(60)
+def test_a_trace_is_sent_as_token_ids_on_its_schedule() -> None:
+    """The Mooncake sample's first 40 rows at 8x (~1 s): each body's prompt is the request's
+    token ids, and every request leaves within 50 ms of its due time (vllm bench's self-timed
+    schedule, trace.send_offsets)."""
+    from framework.config.trace_spec import TimedTraceSpec
+    from framework.load.prompts import load_tokenizer
+    from framework.load.trace import read_trace
+    from framework.load.trace import send_offsets
+    from framework.load.trace_prompts import trace_requests
+    from tests.helpers import ROOT
+
+    rows = read_trace(ROOT / "datasets" / "mooncake_sample.jsonl",
+                      TimedTraceSpec(sec_multiplier=0.001 / 8), 40)
+    requests = trace_requests(load_tokenizer(ROOT / "models" / "tiny-llama"), rows, 16, 0)
+    due = send_offsets(rows)
+
+    async def replay() -> tuple[LoadResult, FakeSSEServer]:
+        async with FakeSSEServer() as server:
+            return await run_load(server.url, "tiny", requests, arrivals=due), server
+
+    result, server = asyncio.run(replay())
+    assert sorted(len(p["prompt"]) for p in server.payloads) == sorted(
+        r.prompt_len for r in requests)
+    assert {tuple(p["prompt"]) for p in server.payloads} == {r.token_ids for r in requests}
+    late = [r.send_s - result.start_s - due[r.index] for r in result.records]
+    assert len(late) == 40 and all(-0.005 < x < 0.05 for x in late), late
 
 
 @pytest.mark.timeout(60)
