@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 GPU_VENV := .venv-gpu
 
-.PHONY: install model browser demo lint check test test-gpu clean
+.PHONY: install model samples browser demo lint check test test-gpu clean
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ model: $(MODEL)/config.json
 
 $(MODEL)/config.json: $(STAMP) framework/tools/tiny_model.py
 	$(BIN)/vllm-sweep build-model $(MODEL) --force
+
+# The timed-trace samples sweeps/trace_replay.yaml replays (datasets/mooncake_sample.jsonl,
+# datasets/azure_sample.csv): made by project code, shipped, and checked equal to its output.
+samples: $(STAMP)
+	$(BIN)/python -m framework.tools.trace_samples datasets
 
 # Headless Chromium for the HTML report's browser test (Debian's package; no browser download).
 browser:
@@ -53,7 +58,7 @@ check: lint model
 	$(BIN)/python -m pytest -ra tests/unit
 
 test: lint model browser
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra --durations=25
 
 # Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then
 # tests/gpu (each skips itself without CUDA, two GPUs, or a second GPU node: RAY_ADDRESS).

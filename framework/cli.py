@@ -89,7 +89,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     sw, trials = _stored(args)
     spec = sw.spec
-    status = sweep_status(trials, spec.search.n_trials, list(sw.space.parameters),
+    status = sweep_status(trials, spec.search.n_trials,
                           spec.objective.direction == "maximize", spec.concurrent_trials or 1,
                           live_driver(sw.store.sweep_dir / "driver.json"), spec.objective.metric,
                           spec.sla)

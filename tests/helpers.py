@@ -9,6 +9,7 @@ afterwards with psutil: that finds the sweep's Ray and vLLM processes (and only 
 from __future__ import annotations
 
 import contextlib
+import io
 import ipaddress
 import json
 import os
@@ -20,6 +21,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
@@ -90,6 +92,35 @@ def new_marker() -> str:
 def run_cli(args: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+def cli_in_process(*args: str, cwd: Path = ROOT,
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`vllm-sweep ARGS` as `framework.cli.main(ARGS)` in this process, in `cwd` (and with
+    `env` as the whole environment, if given; both restored after): its exit code (argparse's
+    SystemExit too), stdout and stderr, as run_cli returns them. vLLM is then imported once per
+    pytest process instead of once per command (~10 s CPU each). A traceback is not caught:
+    it fails the test. What only a child process shows (the entry point, warnings printed at
+    import) is tested through run_cli in tests/unit/test_cli.py."""
+    from framework.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["vllm-sweep", *args], code, out.getvalue(), err.getvalue())
 
 
 @contextlib.contextmanager
@@ -292,9 +323,10 @@ VLLM_KEYS = [
 DETAIL_KEYS = ["input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors"]
 
 
-def bench_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+def bench_cli(*args: str, timeout_s: float = 120,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, "bench", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_s)
+                          timeout=timeout_s, env=env)
 
 
 def table_rows(stdout: str) -> list[list[str]]:
@@ -303,6 +335,59 @@ def table_rows(stdout: str) -> list[list[str]]:
 
 
 ENGINES = ["framework.engine.vllm_server", "framework.engine.fake_engine"]
+VLLM_ENGINE = ENGINES[0]
+
+
+def start_engine(module: str, argv: list[str], env: dict[str, str],
+                 log_path: Path) -> subprocess.Popen:
+    """`module.serve(argv)` (framework.engine.vllm_server or fake_engine) as a child process in
+    its own session, stdout and stderr into `log_path`."""
+    code = f"import sys; from {module} import serve; serve(sys.argv[1:])"
+    with open(log_path, "wb") as log:
+        return subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_engine(proc: subprocess.Popen, wait_s: float = 30.0) -> list[int]:
+    """SIGKILL the server's process group, wait for it; returns the pids of its process tree
+    (taken before the kill) still running `wait_s` later (none, for a clean stop)."""
+    tree = [proc.pid]
+    try:
+        tree += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + wait_s
+    while any(_running(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return [p for p in tree if _running(p)]
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    """The session's vLLM server (see the module docstring): where it listens, what it serves,
+    the key its /v1 routes want, its control socket and log."""
+
+    base_url: str
+    model: Path
+    api_key: str
+    control_socket: str
+    log_path: Path
+    proc: subprocess.Popen
+
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
 
 
 NAME = "fake-report"

@@ -7,6 +7,10 @@ with P written as an integer when whole (p99_ttft_ms, p99.9_itl_ms); `error_rate
 the THROUGHPUT_METRICS (maximized) for objectives. SLA keys are upper bounds (`value <=
 limit`), except the LOWER_BOUND_KEYS (`min_token_agreement`: the quality probe's token
 agreement with the baseline, framework.trial.quality, must be `>= limit`).
+
+A request class of a mix (`workload.mix`) has its own copy of every load metric, its key
+prefixed by the class name and a dot: `summarize.p99_ttft_ms`, `chat.error_rate`
+(`class_key`, `split_class_key`); units and SLA rules are those of the unprefixed key.
 """
 
 from __future__ import annotations
@@ -46,6 +50,24 @@ MIN_TOKEN_AGREEMENT = "min_token_agreement"
 LOWER_BOUND_KEYS = (MIN_TOKEN_AGREEMENT,)
 
 _LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+
+
+# A mix class's name: no dot, and not a percentile word (p99), so `p99.9_itl_ms` is no class key.
+CLASS_NAME = re.compile(r"^(?!p\d+$)[A-Za-z][A-Za-z0-9_-]{0,31}$")
+
+
+def class_key(request_class: str, key: str) -> str:
+    """The key of metric `key` over one request class of a mix: `summarize.p99_ttft_ms`."""
+    return f"{request_class}.{key}"
+
+
+def split_class_key(key: str) -> tuple[str | None, str]:
+    """`summarize.p99_ttft_ms` -> ("summarize", "p99_ttft_ms"); a key without a class prefix
+    -> (None, key). A dot inside a percentile (p99.9_itl_ms) is no prefix."""
+    head, dot, rest = key.partition(".")
+    if dot and CLASS_NAME.match(head):
+        return head, rest
+    return None, key
 
 
 def percentile_key(metric: str, p: float) -> str:
@@ -115,6 +137,7 @@ _UNITS: dict[str, str] = {
     **dict.fromkeys(("completed", "failed", "max_concurrent_requests", "running_requests_max",
                      "waiting_requests_max"), "req"),
     "duration": "s",
+    "saturation_slope": "req/s",  # waiting requests gained per second (trial.saturation)
 }
 
 
@@ -123,8 +146,9 @@ def unit_of(key: str) -> str:
     (*_s, duration), `tok/s` for token throughputs, `req/s` for request throughputs, goodputs,
     capacity and rates, `%` for fractions (shown x 100: in_unit), `tok` / `req` for token and
     request counts, `GiB` for *_gib_*; a `<key>_ci95_high` / `_ci95_low` column has its key's
-    unit. "": no unit (parameters, identifiers, other counts, `objective`, whose unit is its
-    metric's)."""
+    unit; a class-prefixed key (`chat.output_throughput`) has its metric's unit. "": no unit
+    (parameters, identifiers, other counts, `objective`, whose unit is its metric's)."""
+    _, key = split_class_key(key)
     for suffix in ("_ci95_high", "_ci95_low"):
         if key.endswith(suffix) and key != "objective" + suffix:
             return unit_of(key.removesuffix(suffix))

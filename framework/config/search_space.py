@@ -10,7 +10,8 @@ these values, so they must be true for the installed vLLM.
       enable-prefix-caching: {type: bool, default: true}
 
 A parameter with `kind: run` is a run setting, not a vLLM flag: one of RUN_SETTINGS (the
-load's request rate, concurrency or burstiness), applied by the load generator (its
+load's request rate, concurrency or burstiness, or a timed trace's speed-up), applied by the
+load generator (its
 `default` is the setting the baseline trial runs with). Trials whose
 server flags are equal and whose run settings differ can share one running server.
 
@@ -44,7 +45,8 @@ from framework.config.yaml_io import load_validated
 # Run settings a search space may vary (kind: run), and the workload field each one sets.
 RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",
                                 "max-concurrency": "max_concurrency",
-                                "burstiness": "burstiness"}
+                                "burstiness": "burstiness",
+                                "speed-up": "speed_up"}
 
 
 class _Param(BaseModel):

@@ -10,6 +10,8 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import model_validator
 
+from framework.config.saturation_spec import SaturationSpec
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -51,6 +53,7 @@ class SearchSpec(_Spec):
     breaks an SLA limit by more than `screen_margin` (relative) or when Optuna's pruner
     (tuner.FarFromBestPruner) finds its screen objective worse than the best feasible trial's
     screen by more than `screen_margin`; the rest get the full run. Single objective only.
+    `saturation`: when a run is over-saturated and ends early (config.saturation_spec).
     """
 
     sampler: Sampler = "tpe"
@@ -71,6 +74,7 @@ class SearchSpec(_Spec):
     sla_on: Literal["mean", "ci_upper"] = "mean"
     screen: float | None = Field(default=None, gt=0, lt=1)
     screen_margin: float = Field(default=0.3, gt=0, le=10)
+    saturation: SaturationSpec = Field(default_factory=SaturationSpec)
 
     @model_validator(mode="after")
     def _runs(self) -> SearchSpec:

@@ -7,14 +7,11 @@ for `ray job submit`).
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any
 from typing import Literal
 
-from pydantic import BaseModel
-from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import field_validator
 from pydantic import model_validator
@@ -28,20 +25,18 @@ from framework.base.vocabulary import is_latency_metric
 from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
-from framework.config.multi_turn_spec import MultiTurnSpec
-from framework.config.multi_turn_spec import workload_problem
-from framework.config.sampling_spec import SamplingSpec
+from framework.base.vocabulary import split_class_key
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
 from framework.config.search_spec import SearchSpec
+from framework.config.spec_base import NAME as _NAME
+from framework.config.spec_base import Spec as _Spec
+from framework.config.workload_spec import NamedWorkloadSpec
+from framework.config.workload_spec import WorkloadSpec
+from framework.config.workloads_spec import first_workload
+from framework.config.workloads_spec import workloads_problem
 from framework.config.yaml_io import SecretInSweep
 from framework.config.yaml_io import load_validated
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ServerSpec(_Spec):
@@ -104,86 +99,6 @@ class ServerSpec(_Spec):
         return args
 
 
-class WorkloadSpec(_Spec):
-    """What the load generator sends. Mirrors `vllm bench serve` flags of the same names.
-
-    dataset: `random` (input_len, output_len, range_ratio), `sharegpt` (dataset_path, a
-    ShareGPT JSON/JSONL file; optional min/max_prompt_tokens, inclusive) or `prefix-shared`
-    (prefix_groups groups of prompts of input_len tokens sharing their first prefix_len)
-    or `multi_turn` (chat sessions, the `multi_turn:` section; dataset_path: optional ShareGPT
-    conversations, else synthetic).
-    endpoint: `completions` (/v1/completions) or `chat` (/v1/chat/completions).
-    duration_s: stop sending new requests after this many seconds (requests in flight
-    finish); the run also ends when num_prompts have been sent.
-    """
-
-    dataset: Literal["random", "sharegpt", "prefix-shared", "multi_turn"] = "random"
-    tokenizer: Path | None = None  # folder with tokenizer.json; default: the model folder
-    dataset_path: Path | None = None
-    min_prompt_tokens: int | None = Field(default=None, gt=0)
-    max_prompt_tokens: int | None = Field(default=None, gt=0)
-    prefix_groups: int = Field(default=4, gt=0)
-    prefix_len: int = Field(default=64, gt=0)
-    endpoint: Literal["completions", "chat"] = "completions"
-    duration_s: float | None = Field(default=None, gt=0)
-    num_prompts: int = Field(default=200, gt=0)
-    input_len: int = Field(default=128, gt=0)
-    output_len: int = Field(default=64, gt=0)
-    range_ratio: float = Field(default=0.0, ge=0, lt=1)
-    request_rate: float = Field(default=math.inf, gt=0)
-    burstiness: float = Field(default=1.0, gt=0)
-    max_concurrency: int | None = Field(default=None, gt=0)
-    warmup_requests: int = Field(default=16, ge=0)
-    ignore_eos: bool = True
-    seed: int = 0
-    request_timeout_s: float = Field(default=300.0, gt=0)
-    percentiles: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)  # vllm bench's sampling flags
-    multi_turn: MultiTurnSpec | None = None  # dataset multi_turn's sessions (config.multi_turn_spec)
-
-    @field_validator("percentiles")
-    @classmethod
-    def _percentiles_in_range(cls, values: tuple[float, ...]) -> tuple[float, ...]:
-        for p in values:
-            if not 0 < p <= 100:
-                raise ValueError(f"percentile {p} is outside (0, 100]")
-        return values
-
-    @field_validator("dataset_path", "min_prompt_tokens", "max_prompt_tokens", "prefix_groups",
-                     "prefix_len")
-    @classmethod
-    def _for_its_dataset(cls, value: Any, info: Any) -> Any:  # info: pydantic.ValidationInfo
-        dataset = info.data.get("dataset")
-        wanted = "prefix-shared" if info.field_name.startswith("prefix") else "sharegpt"
-        if info.field_name == "dataset_path" and dataset == "multi_turn":
-            wanted = dataset  # ShareGPT conversations as sessions
-        if dataset is not None and dataset != wanted:
-            raise ValueError(f"applies to dataset {wanted} only, not to dataset {dataset}")
-        if info.field_name == "dataset_path" and not Path(value).is_file():
-            raise ValueError("file not found (a ShareGPT JSON or JSONL file)")
-        low = info.data.get("min_prompt_tokens")
-        if info.field_name == "max_prompt_tokens" and low is not None and value < low:
-            raise ValueError(f"max_prompt_tokens {value} < min_prompt_tokens {low}")
-        return value
-
-    @model_validator(mode="after")
-    def _dataset_complete(self) -> WorkloadSpec:
-        if self.dataset == "sharegpt" and self.dataset_path is None:
-            raise ValueError("dataset sharegpt needs dataset_path (a ShareGPT JSON or JSONL file)")
-        if self.dataset == "prefix-shared" and self.prefix_len >= self.input_len:
-            raise ValueError(f"prefix_len {self.prefix_len} must be < input_len {self.input_len} "
-                             "(each prompt needs a suffix of its own)")
-        if problem := workload_problem(self.dataset, self.dataset_path is not None,
-                                       self.multi_turn, self.model_fields_set):
-            raise ValueError(problem)
-        return self
-
-    @property
-    def sessions(self) -> MultiTurnSpec:
-        """The multi-turn settings (defaults when the section is left out)."""
-        return self.multi_turn or MultiTurnSpec()
-
-
 def _known_metric(metric: str) -> str:
     if metric not in THROUGHPUT_METRICS and not is_latency_metric(metric):
         raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(THROUGHPUT_METRICS)} "
@@ -205,6 +120,7 @@ class ObjectiveSpec(_Spec):
     metric: str = "output_throughput"
     direction: Literal["maximize", "minimize"] = "maximize"
     pareto_with: tuple[str, ...] = ()
+    aggregate: Literal["min", "mean"] = "min"  # over `workloads:` (config.workloads_spec)
 
     @field_validator("metric")
     @classmethod
@@ -266,6 +182,7 @@ class SweepSpec(_Spec):
     server: ServerSpec = ServerSpec()
     gpu: str | None = None  # GPU type (feasibility.GPUS) for the memory model, engine gpu
     workload: WorkloadSpec = WorkloadSpec()
+    workloads: tuple[NamedWorkloadSpec, ...] = ()  # several: `workload` is then the first
     objective: ObjectiveSpec = ObjectiveSpec()
     sla: dict[str, float] = Field(default_factory=dict)
     search: SearchSpec = SearchSpec()
@@ -293,19 +210,37 @@ class SweepSpec(_Spec):
     def _sla_keys(cls, sla: dict[str, float]) -> dict[str, float]:
         """Upper bounds on latency keys and error_rate; `min_token_agreement`, a lower bound on
         the quality probe's token agreement with the baseline (framework.trial.quality)."""
-        for key, limit in sla.items():
-            if key == MIN_TOKEN_AGREEMENT:
+        for full_key, limit in sla.items():
+            request_class, key = split_class_key(full_key)
+            if key == MIN_TOKEN_AGREEMENT and request_class is None:
                 if not 0 < limit <= 1:
                     raise ValueError(f"SLA limit for {key} must be in (0, 1], got {limit}")
                 continue
             if key != "error_rate" and not is_latency_metric(key):
-                raise ValueError(f"SLA on unknown metric {key!r}; use latency keys like "
-                                 "p99_ttft_ms, error_rate or min_token_agreement")
+                raise ValueError(f"SLA on unknown metric {full_key!r}; use latency keys like "
+                                 "p99_ttft_ms, error_rate or min_token_agreement (with a mix: "
+                                 "<class>.p99_ttft_ms, <class>.error_rate)")
             if key == "error_rate" and not 0 <= limit <= 1:
                 raise ValueError(f"SLA limit for error_rate must be in [0, 1], got {limit}")
             if key != "error_rate" and not limit > 0:
                 raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
         return sla
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_workload(cls, data: Any) -> Any:
+        """With `workloads:`, `workload` is the first of them (what reads one workload sees);
+        both in one file is an error."""
+        return first_workload(data)
+
+    @model_validator(mode="after")
+    def _workloads_and_classes(self) -> SweepSpec:
+        """Several workloads obey config.workloads_spec; a class-prefixed SLA key names a
+        class of a mix."""
+        if problem := workloads_problem(self.workloads, self.workload, self.sla, self.capacity,
+                                        self.search):
+            raise problem
+        return self
 
     @model_validator(mode="after")
     def _quality_needs_baseline(self) -> SweepSpec:
@@ -351,8 +286,9 @@ class SweepSpec(_Spec):
     def _percentiles_cover_sla(self) -> SweepSpec:
         have = {percentile_key(m, p) for m in LATENCY_METRICS for p in self.workload.percentiles}
         for key in [*self.sla, *self.objective.metrics]:
-            parsed = parse_latency_key(key)
-            if parsed is not None and parsed.stat.startswith("p") and key not in have:
+            metric = split_class_key(key)[1]
+            parsed = parse_latency_key(metric)
+            if parsed is not None and parsed.stat.startswith("p") and metric not in have:
                 raise ValueError(f"{key} needs percentile {parsed.percentile:g} in "
                                  f"workload.percentiles {list(self.workload.percentiles)}")
         return self

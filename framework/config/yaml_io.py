@@ -37,7 +37,19 @@ def first_error(exc: ValidationError) -> tuple[str, Any, str]:
     cause = err.get("ctx", {}).get("error")
     if isinstance(cause, SecretInSweep):
         return f"{key}.{cause.name}", HIDDEN, msg
+    if isinstance(cause, EntryError):
+        return ".".join(str(p) for p in (*err["loc"], cause.key)), cause.value, msg
     return key, err.get("input"), msg
+
+
+class EntryError(ValueError):
+    """A validator's error about one entry below where it runs: `key`, relative to the
+    validated section (`mix.1.dataset_path` under `workload`), and that entry's `value`, so
+    the error line names the entry rather than the whole section."""
+
+    def __init__(self, key: str, value: Any, reason: str) -> None:
+        self.key, self.value = key, value
+        super().__init__(reason)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

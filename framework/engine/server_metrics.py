@@ -218,6 +218,11 @@ class MetricsSampler:
             self._scrape()
             offset = upcoming
 
+    def snapshot(self) -> list[Sample]:
+        """The samples so far (a copy; safe while the thread scrapes)."""
+        with self._lock:
+            return list(self.result.samples)
+
     def start(self) -> MetricsSampler:
         if self._thread is not None:
             raise RuntimeError("sampler already started")

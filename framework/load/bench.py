@@ -8,7 +8,9 @@ the prompts; vllm bench would also accept a Hub id); --endpoint also takes ``com
 ``chat``; the sampling flags (--temperature, --top-p, ...: framework.load.sampling) are sent
 only when given, as vllm bench does, and are checked against vLLM's ranges first;
 --num-warmups sends that many requests drawn with seed + 1 (vllm bench repeats the first
-prompt); ``max_concurrent_requests`` is exact (see framework.load.metrics). Our own flags:
+prompt); ``max_concurrent_requests`` is exact (see framework.load.metrics). --dataset-name
+timed_trace takes vllm bench's timed-trace flags and --self-timed (framework.load.trace);
+its token blocks are reproducible, vllm bench's are salted per process (trace_prompts). Our own flags:
 --result-json, --duration-s, --request-timeout-s, --min/--max-prompt-tokens. Extra JSON keys:
 ``dataset_name``, ``not_sent``, ``setup_cpu_s`` (this process's CPU seconds before the
 measured run: interpreter, imports, prompts, warm-up), ``benchmark_phase_cpu_s`` (CPU seconds
@@ -35,6 +37,7 @@ from typing import Any
 
 from framework.base.errors import ConfigError
 from framework.load import sampling as sampling_flags
+from framework.load import trace as trace_flags
 
 if TYPE_CHECKING:
     from framework.load.loadgen import LoadResult
@@ -66,9 +69,10 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     a("--served-model-name", help="model name sent in requests (default: --model)")
     a("--tokenizer", help="folder holding tokenizer.json (default: --model)")
     a("--label", help="label stored in the result JSON")
-    a("--dataset-name", default="random", choices=["random", "sharegpt", "prefix-shared"],
+    a("--dataset-name", default="random",
+      choices=["random", "sharegpt", "prefix-shared", "timed_trace"],
       help="where prompts come from (default: random)")
-    a("--dataset-path", help="ShareGPT JSON or JSONL file (for --dataset-name sharegpt)")
+    a("--dataset-path", help="ShareGPT JSON or JSONL file; timed_trace: JSONL or CSV trace")
     a("--num-prompts", type=int, default=1000, help="requests to send (default: 1000)")
     a("--seed", type=int, default=0, help="seed of the prompts and arrival times (default: 0)")
     a("--input-len", type=int, default=None, help="sets --random-input-len")
@@ -114,6 +118,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
       help="file name for --save-result (default: vllm bench's pattern)")
     a("--disable-tqdm", action="store_true", help="accepted for compatibility (no progress bar)")
     sampling_flags.add_cli_args(p)
+    trace_flags.add_cli_args(p)
 
 
 def parse_csv(value: str, flag: str) -> list[str]:
@@ -186,9 +191,9 @@ def dataset_from_args(args: argparse.Namespace) -> Dataset:
     from framework.load.workload import Dataset
 
     name = args.dataset_name
-    if name == "sharegpt" and not args.dataset_path:
-        raise ConfigError(WHERE, "--dataset-path", None, "--dataset-name sharegpt needs a file")
-    if name != "sharegpt" and args.dataset_path:
+    if name in ("sharegpt", "timed_trace") and not args.dataset_path:
+        raise ConfigError(WHERE, "--dataset-path", None, f"--dataset-name {name} needs a file")
+    if name not in ("sharegpt", "timed_trace") and args.dataset_path:
         raise ConfigError(WHERE, "--dataset-path", args.dataset_path,
                           f"--dataset-name {name} takes no file")
     if args.dataset_path and not Path(args.dataset_path).is_file():
@@ -199,6 +204,9 @@ def dataset_from_args(args: argparse.Namespace) -> Dataset:
         return Dataset(name=name, input_len=prefix + args.prefix_repetition_suffix_len,
                        output_len=out_len or args.prefix_repetition_output_len, prefix_len=prefix,
                        prefix_groups=args.prefix_repetition_num_prefixes)
+    if name == "timed_trace":
+        return Dataset(name=name, path=Path(args.dataset_path),
+                       trace=trace_flags.settings_from_args(args, WHERE))
     return Dataset(name=name, input_len=args.input_len or args.random_input_len,
                    output_len=out_len or args.random_output_len,
                    range_ratio=args.random_range_ratio,
@@ -334,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(WHERE, "--num-warmups", args.num_warmups, "must be >= 0")
     sampling = sampling_flags.from_args(args, WHERE)
     dataset = dataset_from_args(args)
+    timed = trace_flags.self_timed(args, endpoint, WHERE)
     tokenizer_dir = Path(args.tokenizer or args.model)
     try:
         tokenizer = load_tokenizer(tokenizer_dir)
@@ -344,8 +353,9 @@ def run(args: argparse.Namespace) -> int:
                           str(tokenizer_dir), str(exc)) from None
     except (ValueError, RuntimeError) as exc:
         raise ConfigError(WHERE, "--dataset-name", args.dataset_name, str(exc)) from None
-    arrivals = (None if math.isinf(args.request_rate) else
-                arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed))
+    arrivals = (dataset.trace_offsets(args.num_prompts) if timed
+                else None if math.isinf(args.request_rate)
+                else arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed))
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     model = args.served_model_name or args.model
     common = dict(max_concurrency=args.max_concurrency, timeout_s=args.request_timeout_s,

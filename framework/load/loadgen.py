@@ -21,6 +21,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 from typing import Literal
 
@@ -46,6 +47,7 @@ class RequestRecord:
     success (vLLM's latency end), the clock when the failure was seen otherwise. A turn of a
     multi-turn session (load.sessions) also carries its ``session_id`` and ``turn`` (0 = the
     first) and the answer's ``text``; other requests leave them None and "".
+    ``request_class``: the request's class in a mix (RequestSpec.request_class).
     """
 
     index: int
@@ -60,6 +62,7 @@ class RequestRecord:
     session_id: int | None = None
     turn: int | None = None
     text: str = ""
+    request_class: str | None = None
 
     @property
     def e2el_s(self) -> float | None:
@@ -111,10 +114,11 @@ class LoadResult:
 def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool,
                        fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """JSON body of one streaming completion request, then ``fields`` (e.g. sampling) on top,
-    as vllm bench merges its extra_body last. No sampling field unless ``fields`` has it."""
+    as vllm bench merges its extra_body last. No sampling field unless ``fields`` has it.
+    The prompt is ``spec.token_ids`` as a list of ids when set, else ``spec.prompt``."""
     return {
         "model": model,
-        "prompt": spec.prompt,
+        "prompt": spec.prompt if spec.token_ids is None else list(spec.token_ids),
         "max_tokens": spec.output_len,
         "ignore_eos": ignore_eos,
         "stream": True,
@@ -126,7 +130,10 @@ def completion_payload(model: str, spec: RequestSpec, ignore_eos: bool,
 def chat_payload(model: str, spec: RequestSpec, ignore_eos: bool,
                  fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """JSON body of one streaming chat completion request: the prompt as one user message;
-    ``fields`` on top, as in completion_payload."""
+    ``fields`` on top, as in completion_payload. A token-id prompt cannot be a message:
+    ValueError."""
+    if spec.token_ids is not None:
+        raise ValueError("token-id prompts (a timed trace) need the completions endpoint")
     return {
         "model": model,
         "messages": [{"role": "user", "content": spec.prompt}],
@@ -288,6 +295,8 @@ async def run_load(
                 if loop.time() - loop_start >= deadline:
                     return None
                 record = await stream_one(pool, path, index, payload, timeout_s, clock)
+        if spec.request_class is not None:
+            record = replace(record, request_class=spec.request_class)
         if on_done is not None:
             on_done(record)
         return record

@@ -24,12 +24,17 @@ class RequestSpec:
 
     ``prompt_len`` is the token count of ``prompt`` as the tokenizer encodes it,
     special tokens included (what the server reports as ``usage.prompt_tokens``
-    when it uses the same tokenizer).
+    when it uses the same tokenizer). With ``token_ids`` (a timed trace's prompts), those
+    ids are sent instead of ``prompt`` (completions endpoint only) and ``prompt_len`` is
+    their count. ``request_class``: its class in a mix
+    (framework.load.mix), None outside one.
     """
 
     prompt: str
     prompt_len: int
     output_len: int
+    token_ids: tuple[int, ...] | None = None
+    request_class: str | None = None
 
 
 def load_tokenizer(model_dir: Path) -> Tokenizer:

@@ -3,7 +3,8 @@
 Datasets, all tokenized with the model's own ``tokenizer.json``:
 - ``random``: random-token prompts like vLLM's RandomDataset (``--dataset-name random``);
 - ``sharegpt``: ShareGPT-format conversations from a local JSON/JSONL file;
-- ``prefix-shared``: G groups of prompts, each group sharing a K-token prefix.
+- ``prefix-shared``: G groups of prompts, each group sharing a K-token prefix;
+- ``timed_trace``: a trace's rows, sent at its timestamps (framework.load.trace, trace_prompts).
 Arrivals follow ``vllm.benchmarks.serve.get_request``. ``tokenizers`` is imported lazily.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+from framework.config.trace_spec import TimedTraceSpec
 from framework.load.prompts import RequestSpec
 from framework.load.prompts import allowed_token_ids
 from framework.load.prompts import fit_after_prefix
@@ -29,6 +31,9 @@ from framework.load.prompts import num_special_tokens_to_add
 from framework.load.prompts import uniform_length_bounds
 from framework.load.sharegpt import read_sharegpt
 from framework.load.sharegpt import sharegpt_requests
+from framework.load.trace import read_trace
+from framework.load.trace import send_offsets
+from framework.load.trace_prompts import trace_requests
 
 
 def random_requests(
@@ -163,8 +168,8 @@ def prefix_shared_requests(
     return requests
 
 
-DatasetName = Literal["random", "sharegpt", "prefix-shared"]
-DATASETS: tuple[str, ...] = ("random", "sharegpt", "prefix-shared")
+DatasetName = Literal["random", "sharegpt", "prefix-shared", "timed_trace"]
+DATASETS: tuple[str, ...] = ("random", "sharegpt", "prefix-shared", "timed_trace")
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,8 @@ class Dataset:
 
     random: ``input_len``, ``output_len``, ``range_ratio``. sharegpt: ``path``,
     ``min_prompt_tokens``, ``max_prompt_tokens``, ``output_len_override``. prefix-shared:
-    ``input_len``, ``output_len``, ``prefix_len``, ``prefix_groups``.
+    ``input_len``, ``output_len``, ``prefix_len``, ``prefix_groups``. timed_trace: ``path``,
+    ``trace`` (its first ``num_prompts`` rows; the seed salts the token blocks).
     """
 
     name: DatasetName = "random"
@@ -186,6 +192,7 @@ class Dataset:
     output_len_override: int | None = None
     prefix_len: int = 64
     prefix_groups: int = 4
+    trace: TimedTraceSpec = TimedTraceSpec()
 
     def requests(self, tokenizer: Tokenizer, num_prompts: int, seed: int) -> list[RequestSpec]:
         """``num_prompts`` requests of this dataset from ``seed`` (same seed, same requests)."""
@@ -205,7 +212,19 @@ class Dataset:
                 tokenizer, read_sharegpt(self.path), num_prompts, seed,
                 self.min_prompt_tokens, self.max_prompt_tokens, self.output_len_override,
             )
+        if self.name == "timed_trace":
+            if self.path is None:
+                raise ValueError("dataset timed_trace needs a path")
+            rows = read_trace(self.path, self.trace, num_prompts)
+            return trace_requests(tokenizer, rows, self.trace.chunk_hash_size, seed)
         raise ValueError(f"unknown dataset {self.name!r}; expected one of {list(DATASETS)}")
+
+    def trace_offsets(self, num_prompts: int) -> list[float] | None:
+        """A timed trace's send offsets at speed-up 1 for its first ``num_prompts`` rows
+        (trace.send_offsets); None for the other datasets (their arrivals come from a rate)."""
+        if self.name != "timed_trace" or self.path is None:
+            return None
+        return send_offsets(read_trace(self.path, self.trace, num_prompts))
 
 
 def arrival_offsets(num: int, request_rate: float, burstiness: float, seed: int) -> list[float]:

@@ -9,7 +9,7 @@ __getattr__, __all__ = lazy_exports(__name__, {
     "trial_columns": "rows",
     "trial_row": "rows",
     "REQUEST_COLUMNS": "rows",
-    "best_trial": "queries",
+    "best_row": "queries",
     "pareto_front": "queries",
     "state_label": "queries",
     "render_report": "html_report",

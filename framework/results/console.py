@@ -20,9 +20,6 @@ from framework.base.vocabulary import in_unit
 from framework.base.vocabulary import label
 from framework.base.vocabulary import limits_text
 from framework.base.vocabulary import with_unit
-from framework.results.queries import Best  # noqa: F401 - re-exported
-from framework.results.queries import best_trial  # noqa: F401 - re-exported
-from framework.results.queries import confirmed_scores  # noqa: F401 - re-exported
 from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
 from framework.results.queries import requests_done

@@ -28,6 +28,7 @@ from framework.base.vocabulary import label
 from framework.base.vocabulary import limits_text
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
+from framework.config.specs import WorkloadSpec
 from framework.results.diagnosis import diagnose
 from framework.results.quality_report import quality_section
 from framework.results.queries import cut_short
@@ -153,19 +154,38 @@ def _failures(trials: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def _workload_text(w: WorkloadSpec) -> str:
+    """`random, 200 prompts, input 128 / output 64 tokens, max concurrency 32`; a mix names
+    its classes with their shares and lengths instead of the dataset."""
+    if w.mix:
+        total = sum(c.weight for c in w.mix)
+        sent = ", ".join(f"{c.name} {c.weight / total:.0%} ({v.dataset} {v.input_len} / "
+                         f"{v.output_len})" for c in w.mix for v in [w.for_class(c.name)])
+        what = f"mix of {sent}, {w.num_prompts} prompts"
+    elif w.dataset == "timed_trace":
+        what = f"timed_trace, {w.num_prompts} rows of {w.dataset_path} at {w.speed_up:g}x"
+    else:
+        what = (f"{w.dataset}, {w.num_prompts} prompts, input {w.input_len} / output "
+                f"{w.output_len} tokens")
+    rate = "" if w.request_rate == float("inf") else f", {w.request_rate:g} req/s"
+    return f"{what}{rate}, max concurrency {w.max_concurrency or 'unlimited'}"
+
+
 def _overview(trials: pd.DataFrame, spec: SweepSpec) -> str:
     states = trials["state"].value_counts().to_dict() if not trials.empty else {}
     done = _complete(trials)
     feasible = int((done["feasible"] == True).sum()) if not done.empty else 0  # noqa: E712
     early = int(cut_short_mask(done).sum()) if not done.empty else 0
     versions = sorted({str(v) for v in trials.get("vllm_version", pd.Series(dtype=str)).dropna()})
-    w = spec.workload
+    if spec.workloads:
+        load = (f"Workloads (objective: their {spec.objective.aggregate}): "
+                + "; ".join(f"{w.name}: {_workload_text(w)}" for w in spec.workloads))
+    else:
+        load = f"Workload: {_workload_text(spec.workload)}"
     return (f"<p>Model <code>{html.escape(str(spec.model))}</code>, engine {spec.engine}, vLLM "
             f"{html.escape(', '.join(versions) or 'n/a')}. Objective: {spec.objective.direction} "
             f"<b>{html.escape(label(spec.objective.metric))}</b>; SLA: "
-            f"{html.escape(limits_text(spec.sla))}. Workload: {w.dataset}, {w.num_prompts} "
-            f"prompts, input {w.input_len} / output {w.output_len} tokens, max concurrency "
-            f"{w.max_concurrency or 'unlimited'}.</p>"
+            f"{html.escape(limits_text(spec.sla))}. {html.escape(load)}.</p>"
             f"<p>Trials: {len(trials)}; complete {states.get('COMPLETE', 0)} ({feasible} "
             f"feasible" + (f", {early} stopped early" if early else "") + "); pruned "
             f"{states.get('PRUNED', 0)}; failed or not launched "

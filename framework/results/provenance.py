@@ -5,8 +5,9 @@
 - hardware: "cpu: <model name> x <logical cores>" for the CPU engine; for GPU and fake
   engines the cluster's GPU total and Ray's accelerator types ("gpu: 8 x A100-80G").
 - model_config_sha256: SHA-256 of the model folder's config.json bytes.
-- workload_sha256: SHA-256 of the workload section (canonical JSON) plus the dataset file's
-  bytes when there is one: equal digests mean the same requests were sent.
+- workload_sha256: SHA-256 of the workload section (canonical JSON; the `workloads:` list when
+  there are several) plus the dataset files' bytes when there are some (a mix class's too):
+  equal digests mean the same requests were sent.
 - sampling: the sampling fields every request carried (workload.sampling), as compact JSON with
   sorted keys, "{}" when none was set (the server's defaults applied); the same function
   (framework.load.sampling.sampling_json) as `vllm-sweep bench`'s `sampling` key.
@@ -51,10 +52,15 @@ def file_sha256(path: Path) -> str | None:
 
 
 def workload_sha256(spec: SweepSpec) -> str:
-    digest = hashlib.sha256(json.dumps(spec.workload.model_dump(mode="json"), sort_keys=True,
-                                       default=str).encode())
-    if spec.workload.dataset_path is not None:
-        digest.update((file_sha256(spec.workload.dataset_path) or "").encode())
+    """The workload section (with several, the list of them), then each dataset file's bytes
+    (the workloads' and their mix classes')."""
+    section = ([w.model_dump(mode="json") for w in spec.workloads] if spec.workloads
+               else spec.workload.model_dump(mode="json"))
+    digest = hashlib.sha256(json.dumps(section, sort_keys=True, default=str).encode())
+    for w in spec.workloads or (spec.workload,):
+        for path in (w.dataset_path, *(c.dataset_path for c in w.mix)):
+            if path is not None:
+                digest.update((file_sha256(path) or "").encode())
     return digest.hexdigest()
 
 

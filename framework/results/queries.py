@@ -1,8 +1,7 @@
 """The queries every reader of a sweep's trial rows shares, defined once: the measured and
 feasible trials, the trials whose metrics come from a load stopped early, a trial's state
-label, the best trial (after confirmation runs: the best confirmed mean) with its gain over a
-baseline that is COMPLETE, feasible and measured in full, the Pareto front, and the phase means
-a time estimate starts from."""
+label, the best single measurement, the Pareto front, and the phase means a time estimate starts
+from. Which configuration the sweep ships, and its gain, is framework.results.verdict's alone."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from framework.results.early import cut_short
 from framework.results.early import requests_done
 from framework.results.early import text as _text
 from framework.results.rows import param_column
-from framework.trial.objective import gain
 
 
 def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
@@ -51,90 +49,6 @@ def result_label(row: Mapping[str, object]) -> str:
     if cut_short(row):
         text += f"; stopped early after {requests_done(row)} requests"
     return text
-
-
-@dataclass(frozen=True)
-class Best:
-    """The best feasible trial; `gain` over the baseline is None when the baseline cannot
-    serve as one, and `baseline_note` then says why (baseline_objective is None too)."""
-
-    number: int
-    objective: float
-    serve_command: str
-    params: dict[str, object]
-    baseline_objective: float | None
-    gain: float | None
-    baseline_note: str | None = None
-
-
-def baseline_for_gain(trials: pd.DataFrame) -> tuple[float | None, str | None]:
-    """(the baseline's objective, None) when the first baseline trial is COMPLETE, feasible,
-    measured in full (not stopped early) and non-zero; else (None, why not), e.g. "vLLM's
-    defaults break your SLA (p99_tpot_ms 6.1 ms > 4.5 ms (+36%))"."""
-    if trials.empty or "is_baseline" not in trials:
-        return None, "no baseline trial"
-    base = trials[trials["is_baseline"] == True]  # noqa: E712
-    if "confirmation_of" in base:
-        base = base[base["confirmation_of"].isna()]
-    if base.empty:
-        return None, "no baseline trial"
-    row = base.sort_values("trial_number").iloc[0].to_dict()
-    number = int(row["trial_number"])
-    if row["state"] != "COMPLETE":
-        return None, f"the baseline trial {number} did not complete ({state_label(row)})"
-    if row.get("feasible") != True:  # noqa: E712
-        broken = _text(row.get("sla_violations")) or "SLA violated"
-        if cut_short(row):
-            broken += f"; load stopped early after {requests_done(row)} requests"
-        return None, f"vLLM's defaults break your SLA ({broken})"
-    if cut_short(row):
-        return None, (f"the baseline trial {number} was stopped early "
-                      f"({_text(row.get('stopped_early'))})")
-    objective = float(row["objective"])
-    if objective == 0 or math.isnan(objective):
-        return None, f"the baseline trial {number} measured an objective of {objective:g}"
-    return objective, None
-
-
-def confirmed_scores(trials: pd.DataFrame) -> dict[int, float]:
-    """Trials re-measured by confirmation runs -> the mean objective over the original and its
-    confirmations; a trial any of whose measurements is not COMPLETE and feasible is left
-    out (its confirmation broke the SLA or failed)."""
-    if "confirmation_of" not in trials or trials["confirmation_of"].isna().all():
-        return {}
-    scores: dict[int, float] = {}
-    for original, group in trials.groupby("confirmation_of"):
-        measured = pd.concat([trials[trials["trial_number"] == original], group])
-        good = (measured["state"] == "COMPLETE") & (measured["feasible"] == True)  # noqa: E712
-        if len(measured) > len(group) and good.all():
-            scores[int(original)] = float(measured["objective"].mean())
-    return scores
-
-
-def best_trial(trials: pd.DataFrame, params: Sequence[str], maximize: bool) -> Best | None:
-    """The best COMPLETE and feasible trial, with its gain over the baseline trial when that
-    can serve as one (baseline_for_gain; else gain None and the reason in baseline_note).
-    After confirmation runs the best is chosen among the confirmed trials on the mean of
-    their measurements (confirmed_scores), if any survived."""
-    if trials.empty:
-        return None
-    ok = ok_trials(trials)
-    if ok.empty:
-        return None
-    scores = confirmed_scores(trials)
-    if scores:
-        number = (max if maximize else min)(scores, key=scores.__getitem__)
-        row, value = ok[ok["trial_number"] == number].iloc[0], scores[number]
-    else:
-        row = ok.loc[ok["objective"].idxmax() if maximize else ok["objective"].idxmin()]
-        value = float(row["objective"])
-    base_obj, note = baseline_for_gain(trials)
-    return Best(number=int(row["trial_number"]), objective=value,
-                serve_command=str(row["serve_command"]),
-                params={p: row[param_column(p)] for p in params},
-                baseline_objective=base_obj,
-                gain=gain(value, base_obj, maximize) if base_obj is not None else None,
-                baseline_note=note)
 
 
 def pareto_front(points: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[int]:
@@ -206,12 +120,14 @@ def trial_params(trials: pd.DataFrame, number: int, params: Sequence[str]) -> di
 def confirmation_candidates(trials: pd.DataFrame, params: Sequence[str], k: int,
                             maximize: bool, skip_baseline: bool
                             ) -> list[tuple[int, dict[str, object], bool]]:
-    """The k best COMPLETE, feasible trials that are not themselves re-measurements, one per
-    configuration (serve_command), as (number, parameters, is_baseline), best first."""
+    """The k best COMPLETE, feasible trials that are not themselves re-measurements and have
+    none yet, one per configuration (serve_command), as (number, parameters, is_baseline),
+    best first."""
     if trials.empty:
         return []
     ok = ok_trials(trials)
-    ok = ok[ok["confirmation_of"].isna()]
+    confirmed = set(trials["confirmation_of"].dropna().astype(int))
+    ok = ok[ok["confirmation_of"].isna() & ~ok["trial_number"].isin(confirmed)]
     if skip_baseline:
         ok = ok[ok["is_baseline"] != True]  # noqa: E712
     top = ok.sort_values("objective", ascending=not maximize).drop_duplicates("serve_command")
@@ -219,14 +135,22 @@ def confirmation_candidates(trials: pd.DataFrame, params: Sequence[str], k: int,
              bool(r["is_baseline"])) for _, r in top.head(k).iterrows()]
 
 
-def best_measured(trials: pd.DataFrame, maximize: bool) -> float | None:
-    """The best objective of a COMPLETE, feasible trial measured in full (not stopped early)."""
+def best_row(trials: pd.DataFrame, maximize: bool) -> pd.Series | None:
+    """The COMPLETE, feasible row measured in full (not stopped early) with the best objective:
+    the best single measurement, not a verdict (one run may win by noise)."""
     if trials.empty:
         return None
     ok = ok_trials(trials)
     if "stopped_early" in ok:
         ok = ok[ok["stopped_early"].isna()]
+    ok = ok.dropna(subset=["objective"])
     if ok.empty:
         return None
     values = ok["objective"].astype(float)
-    return float(values.max() if maximize else values.min())
+    return ok.loc[values.idxmax() if maximize else values.idxmin()]
+
+
+def best_measured(trials: pd.DataFrame, maximize: bool) -> float | None:
+    """best_row's objective."""
+    row = best_row(trials, maximize)
+    return None if row is None else float(row["objective"])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from framework import __version__
 from framework.base.vocabulary import Scalar
+from framework.base.vocabulary import class_key
 from framework.base.vocabulary import is_lower_bound
 from framework.base.vocabulary import metric_names
 from framework.config.search_space import BoolParam
@@ -30,6 +31,8 @@ from framework.results.provenance import PROVENANCE_COLUMNS
 from framework.trial.objective import Verdict
 from framework.trial.objective import error_rate
 from framework.trial.run import TrialOutcome
+from framework.trial.saturation import SATURATION_COLUMNS
+from framework.trial.saturation import saturation_values
 
 SCHEMA_VERSION = 3  # 3: `sampling` (before it, every request was sent with temperature 0)
 _INT_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens",
@@ -41,7 +44,9 @@ REQUEST_COLUMNS: list[tuple[str, str]] = [
     ("send_s", "float"), ("ttft_ms", "float"),
     ("tpot_ms", "float"), ("e2el_ms", "float"), ("itl_ms", "list<float>"),
     ("prompt_tokens", "int"), ("output_tokens", "int"), ("success", "bool"), ("error", "str"),
+    ("scheduled_s", "float"),
     ("session_id", "int"), ("turn", "int"),  # dataset multi_turn; null for single requests
+    ("class", "str"), ("workload", "str"),  # its mix class, its workload (several); else null
 ]
 
 
@@ -72,10 +77,20 @@ def _param_kind(param: Param) -> str:
     return "str"
 
 
+def class_columns(classes: Sequence[str], percentiles: Sequence[float]) -> list[tuple[str, str]]:
+    """Every load metric of each mix class, its name prefixed (`chat.p99_ttft_ms`), with the
+    class's request_goodput and error_rate (load.mix.class_metrics)."""
+    names = [*metric_names(percentiles), "request_goodput", "error_rate"]
+    return [(class_key(c, m), "int" if m in _INT_METRICS else "float")
+            for c in classes for m in names]
+
+
 def trial_columns(space: SearchSpace, percentiles: Sequence[float],
-                  sla_keys: Sequence[str] = ()) -> list[tuple[str, str]]:
+                  sla_keys: Sequence[str] = (), classes: Sequence[str] = ()
+                  ) -> list[tuple[str, str]]:
     """The trial table's schema for one sweep: fixed columns, one per parameter, metrics,
-    and `<sla key>_ci95_high` per SLA key (repeated runs)."""
+    each mix class's metrics (`classes`), and `<sla key>_ci95_high` per SLA key (repeated
+    runs)."""
     columns = [
         ("trial_number", "int"), ("state", "str"), ("fail_reason", "str"), ("fail_detail", "str"),
         ("is_baseline", "bool"), ("confirmation_of", "int"),
@@ -84,6 +99,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
     columns += [("vllm_argv", "list<str>"), ("serve_command", "str"), ("dummy_weights", "bool")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in SESSION_METRICS]
+    columns += class_columns(classes, percentiles)
     columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float"),
                 ("capacity_rps", "float"), ("capacity_steps", "int"), ("repeats", "int"),
                 ("objective_ci95_low", "float"), ("objective_ci95_high", "float"),
@@ -93,6 +109,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
                 ("precision_stop", "str")]
     columns += [(f"{key}_ci95_high", "float") for key in sla_keys if not is_lower_bound(key)]
     columns += list(SERVER_METRIC_COLUMNS)
+    columns += list(SATURATION_COLUMNS)
     columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
     columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str"),
                 ("stopped_early", "str")]
@@ -217,6 +234,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
             row[key] = int(value) if key == "repeats" and value is not None else value
     row.update(ctx.provenance or {})
     row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None
+    row.update(saturation_values([s.saturation for s in outcome.steps if not s.screening]))
     if outcome.quality is not None:
         row.update({column: getattr(outcome.quality, name) for name, column in QUALITY_FIELDS.items()})
         row["quality_note"] = outcome.quality.note or None
@@ -237,13 +255,17 @@ def request_rows(number: int, outcome: TrialOutcome) -> list[dict[str, object]]:
     """One row per measured request; `step` numbers the measured runs of the trial (a
     screening run first, marked `screening`; capacity
     mode's rate steps, else only 0), `rate` is that run's request rate (null: unpaced) and
-    send_s is relative to the start of that run."""
+    send_s is relative to the start of that run; scheduled_s is when the request was due,
+    from the same start (the arrival schedule: a timed trace's timestamps / speed-up, or the
+    rate's draw; null when the run was unpaced), so send_s - scheduled_s is its lateness."""
     return [{
         "trial_number": number, "step": index, "screening": step.screening, "rate": step.rate,
         "request_index": r.index,
         "send_s": r.send_s - step.start_s,
+        "scheduled_s": None if step.arrivals is None else step.arrivals[r.index],
         "ttft_ms": _ms(r.ttft_s), "tpot_ms": _ms(r.tpot_s), "e2el_ms": _ms(r.e2el_s),
         "itl_ms": [g * 1000.0 for g in r.itl_s], "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens, "success": r.success, "error": r.error or None,
         "session_id": r.session_id, "turn": r.turn,
+        "class": r.request_class, "workload": step.workload,
     } for index, step in enumerate(outcome.steps) for r in step.records]

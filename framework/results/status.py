@@ -20,7 +20,7 @@ import yaml
 from framework.base.vocabulary import Scalar
 from framework.base.vocabulary import with_unit
 from framework.engine.server_args import trial_flags
-from framework.results.queries import best_trial
+from framework.results.queries import best_row
 from framework.results.queries import cut_short_mask
 from framework.results.queries import ok_trials
 from framework.results.queries import pareto_front
@@ -84,7 +84,7 @@ def live_driver(state_file: Path) -> int | None:
     return None
 
 
-def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize: bool,
+def sweep_status(trials: pd.DataFrame, target: int, maximize: bool,
                  concurrency: int, driver_pid: int | None,
                  objective_metric: str | None = None,
                  sla: Mapping[str, float] | None = None) -> Status:
@@ -100,7 +100,7 @@ def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize:
     left = max(0, target - len(trials))
     mean_trial = trials["trial_s"].dropna().mean()
     remaining = None if pd.isna(mean_trial) else left * float(mean_trial) / max(1, concurrency)
-    best = best_trial(trials, params, maximize)
+    best = best_row(trials, maximize)
     objective = "objective" if objective_metric is None else objective_metric
     violating = complete[complete["feasible"] == False].sort_values("trial_number")  # noqa: E712
     violations = tuple(_trial_text(r.to_dict(), objective)
@@ -114,8 +114,9 @@ def sweep_status(trials: pd.DataFrame, target: int, params: list[str], maximize:
                   failed=failed.value_counts().to_dict(),
                   rejected=int((trials["state"] == "INFEASIBLE").sum()),
                   pruned=int((trials["state"] == "PRUNED").sum()),
-                  best_objective=best.objective if best else None,
-                  best_trial=best.number if best else None, elapsed_s=elapsed,
+                  best_objective=float(best["objective"]) if best is not None else None,
+                  best_trial=int(best["trial_number"]) if best is not None else None,
+                  elapsed_s=elapsed,
                   remaining_s=remaining, driver_pid=driver_pid,
                   stopped_early=int((cut_short_mask(trials)
                                      & (trials["state"] == "COMPLETE")).sum()),

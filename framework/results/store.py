@@ -3,6 +3,7 @@
 Layout under `results/<sweep>/`:
     trials/sweep=<sweep>/trial-00007.parquet      one row per trial
     requests/sweep=<sweep>/trial-00007.parquet    one row per measured request
+    workloads/sweep=<sweep>/trial-00007.parquet   one row per workload (`workloads:` sweeps)
     probes/trial-00007.parquet                    the quality probe's answers (probed trials)
     logs/trial-00007.log                          full server log
     optuna.journal                                the Optuna study (resume state)
@@ -57,6 +58,12 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _write_rows(path: Path, rows: Sequence[Mapping[str, Any]], columns: Columns) -> Path:
+    """Write (or replace) the table of `rows` (may be empty) at `path`."""
+    _atomic_write(pa.Table.from_pylist([dict(r) for r in rows], schema=arrow_schema(columns)), path)
+    return path
+
+
 @dataclass(frozen=True)
 class ResultStore:
     """Where one sweep's results live; see the module docstring for the layout."""
@@ -74,6 +81,9 @@ class ResultStore:
     def requests_path(self, number: int) -> Path:
         return self.sweep_dir / "requests" / f"sweep={self.sweep}" / f"trial-{number:05d}.parquet"
 
+    def workloads_path(self, number: int) -> Path:
+        return self.sweep_dir / "workloads" / f"sweep={self.sweep}" / f"trial-{number:05d}.parquet"
+
     def probe_path(self, number: int) -> Path:
         return self.sweep_dir / "probes" / f"trial-{number:05d}.parquet"
 
@@ -86,24 +96,20 @@ class ResultStore:
 
     def write_trial(self, row: Mapping[str, Any], columns: Columns) -> Path:
         """Write (or replace) the row of trial `row['trial_number']`."""
-        table = pa.Table.from_pylist([dict(row)], schema=arrow_schema(columns))
-        path = self.trial_path(int(row["trial_number"]))
-        _atomic_write(table, path)
-        return path
+        return _write_rows(self.trial_path(int(row["trial_number"])), [row], columns)
 
     def write_requests(self, number: int, rows: Sequence[Mapping[str, Any]], columns: Columns) -> Path:
         """Write (or replace) the request rows of trial `number` (may be empty)."""
-        table = pa.Table.from_pylist([dict(r) for r in rows], schema=arrow_schema(columns))
-        path = self.requests_path(number)
-        _atomic_write(table, path)
-        return path
+        return _write_rows(self.requests_path(number), rows, columns)
+
+    def write_workloads(self, number: int, rows: Sequence[Mapping[str, Any]],
+                        columns: Columns) -> Path:
+        """Write (or replace) the workload rows of trial `number`."""
+        return _write_rows(self.workloads_path(number), rows, columns)
 
     def write_probe(self, number: int, rows: Sequence[Mapping[str, Any]], columns: Columns) -> Path:
         """Write (or replace) the quality probe rows of trial `number`."""
-        table = pa.Table.from_pylist([dict(r) for r in rows], schema=arrow_schema(columns))
-        path = self.probe_path(number)
-        _atomic_write(table, path)
-        return path
+        return _write_rows(self.probe_path(number), rows, columns)
 
     def read_probes(self) -> list[dict[str, Any]]:
         """Every stored probe row (plain Python values), by trial number; [] if none."""

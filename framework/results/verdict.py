@@ -191,6 +191,15 @@ def _meets(rows: pd.DataFrame, sla: Mapping[str, float]) -> bool:
     return len(rows) > 1 and not breaks(rows, sla) and not quality_failed
 
 
+def confirmed_meeting(trials: pd.DataFrame, sla: Mapping[str, float]) -> list[int]:
+    """The origins, baseline aside, measured on >= 2 fresh servers that meet the SLA (`_meets`):
+    the configurations a verdict may name once confirmation runs exist."""
+    if trials.empty:
+        return []
+    return [o for o, rows in origins(trials).items()
+            if len(rows) > 1 and not bool(rows["is_baseline"].iloc[0]) and _meets(rows, sla)]
+
+
 def sla_breaks(rows: pd.DataFrame, sla: Mapping[str, float]) -> str | None:
     """How the baseline breaks the SLA ("p99_tpot_ms 6.1 ms > 4.5 ms (mean of 3 fresh
     servers)"), None if it meets it (`_meets`)."""

@@ -6,7 +6,8 @@ trial fail is a ConfigError here, not a sweep of failed trials:
 - the workload's requests longer than max-model-len allows in every trial;
 - chunked prefill off with max-num-batched-tokens < max-model-len, or max-num-batched-tokens <
   max-num-seqs, in every trial (vLLM refuses to start);
-- an objective or SLA metric the workload cannot produce;
+- an objective or SLA metric the workload cannot produce (these two rules for every workload
+  of `workloads:` and every class of a mix);
 - a results location that is not a writable directory; a workload.tokenizer folder without
   tokenizer.json.
 
@@ -246,8 +247,20 @@ def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: boo
     if found := results_problem(spec.results_dir, spec.name):
         raise ConfigError(str(path), "results_dir", str(spec.results_dir),
                           f"{found[0]} {found[1]}: the sweep's results cannot be written")
-    lengths = request_lengths(w, special_tokens(spec))
-    if vllm_rules:
-        check_workload_fits(path, spec, space, lengths)
-    if found := metric_problem(spec, lengths):
-        raise ConfigError(str(path), *found)
+    special = special_tokens(spec)
+    for view in workload_views(spec):
+        lengths = request_lengths(view, special)
+        one = spec.model_copy(update={"workload": view})
+        if vllm_rules:
+            check_workload_fits(path, one, space, lengths)
+        if found := metric_problem(one, lengths):
+            raise ConfigError(str(path), *found)
+
+
+def workload_views(spec: SweepSpec) -> list[WorkloadSpec]:
+    """Every workload the sweep sends, as the checks see it: each of `workloads:` (else the
+    workload), a mix as each of its classes."""
+    views = []
+    for w in spec.workloads or (spec.workload,):
+        views += [w.for_class(c.name) for c in w.mix] if w.mix else [w]
+    return views

@@ -39,6 +39,7 @@ from rich.console import Console
 
 from framework.cluster.placement import ask_another
 from framework.config.search_space import grid_size
+from framework.config.workloads_spec import class_names
 from framework.engine.feasibility import Feasibility
 from framework.results.console import Progress
 from framework.results.console import print_summary
@@ -48,15 +49,18 @@ from framework.results.rows import TrialContext
 from framework.results.rows import request_rows
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
+from framework.results.workload_rows import workload_columns
+from framework.results.workload_rows import workload_rows
 from framework.search.tuner import Evaluation
 from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
 from framework.sweep.loader import Sweep
 from framework.sweep.loader import load_plan
 from framework.sweep.quality_gate import QualityGate
-from framework.sweep.remeasure import precision_rule
 from framework.sweep.remeasure import queue_confirmations
+from framework.sweep.remeasure import queue_end_runs
 from framework.sweep.remeasure import queue_interleaved
+from framework.sweep.remeasure import remeasure_load
 from framework.sweep.server_pool import ServerPool
 from framework.sweep.trial_plan import Running
 from framework.sweep.trial_plan import TrialPlan
@@ -70,6 +74,7 @@ from framework.trial.run import Reused
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome
 from framework.trial.run import run_trial
+from framework.trial.workloads import judge_workloads
 
 
 class ClusterLauncher(ServerLauncher, Protocol):
@@ -106,7 +111,10 @@ class Runner:
         self.sweep, self.launcher, self.console = sweep, launcher, console
         self.spec = spec = sweep.spec
         self.store = sweep.store
-        self.columns = trial_columns(sweep.space, spec.workload.percentiles, list(spec.sla))
+        classes = class_names(w.mix for w in (*spec.workloads, spec.workload))
+        self.columns = trial_columns(sweep.space, spec.workload.percentiles, list(spec.sla),
+                                     classes)
+        self.workload_columns = workload_columns(spec.workload.percentiles, classes)
         self.vllm_version = _vllm_version()
         self.tuner = Tuner(self.store.journal_path, spec.name, sweep.space,
                            spec.objective.directions, spec.search.sampler,
@@ -138,7 +146,8 @@ class Runner:
         # re-runs come on top of the grid's size: an interrupted grid point runs again
         target = self._grid_capped(target) + self.tuner.waiting_retries()
         if done >= target:
-            target += sum(self._queue_confirmations())
+            target += sum(queue_confirmations(self.spec, self.sweep.space, self.tuner,
+                                              self.store.read_trials()))
         if done >= target:
             self.console.print(f"study '{spec.name}' already holds {done} finished trials "
                                f"(target {target}); nothing to run. Use --add-trials N to extend.")
@@ -181,14 +190,13 @@ class Runner:
         the loop goes on for them."""
         if loop.done < loop.target:
             return True
-        top, base = self._queue_confirmations()
-        if not top + base:
+        queued, note = queue_end_runs(self.spec, self.sweep.space, self.tuner,
+                                      self.store.read_trials())
+        if not queued:
             return False
-        loop.target += top + base
+        loop.target += queued
         loop.progress.total = loop.target
-        then = ", then vLLM's defaults" if base else ""
-        loop.progress.note(f"confirmation runs on fresh servers: the {top} best feasible "
-                           f"configurations once more{then}")
+        loop.progress.note(note)
         return True
 
     def _ask_and_launch(self, loop: _Loop) -> None:
@@ -226,9 +234,8 @@ class Runner:
         one (confirmation runs re-measure on fresh servers)."""
         with self._lock:
             self._waiting[plan.number] = len(plan.wanted)
-        rule = precision_rule(self.spec, plan.shape.world_size, self.store.read_trials())
-        if rule is not None:
-            plan = replace(plan, load=replace(plan.load, precision=rule))
+        plan = replace(plan, load=remeasure_load(self.spec, plan.load, plan.proposal,
+                                                 plan.shape.world_size, self.store.read_trials()))
         reuse = None if plan.proposal.confirm_of is not None else self._pool.take(plan.key)
         log_path = reuse.log_path if reuse else self.store.log_path(plan.number)
         running = Running(plan, feas, log_path)
@@ -313,7 +320,7 @@ class Runner:
                 server_log: Path | None = None) -> dict:
         """Write the trial's request rows, then its row; tell the study. Returns the row."""
         p, obj = plan.proposal, self.spec.objective
-        verdict, intervals = None, None
+        verdict, intervals, each = None, None, []
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
         if outcome.ok:
             devices = plan.shape.world_size
@@ -321,6 +328,10 @@ class Runner:
             outcome = replace(outcome, metrics=per_device(outcome.metrics, devices))
             verdict, intervals = evaluate_repeated(runs, sla, obj.metric, obj.pareto_with,
                                                    self.spec.search.sla_on, judged)
+            if outcome.workloads:  # the SLA on each workload, their objectives aggregated
+                results, verdict, each = judge_workloads(outcome.workloads, devices, sla, obj,
+                                                         judged)
+                outcome = replace(outcome, workloads=results)
             intervals.update(precision_columns([float(r[obj.metric]) for r in runs],
                                                plan.load.precision, outcome.precision_stop))
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
@@ -330,6 +341,10 @@ class Runner:
                            confirmation_of=p.confirm_of)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
+        if self.spec.workloads:
+            self.store.write_workloads(p.number, workload_rows(p.number, outcome, each,
+                                                               self.workload_columns),
+                                       self.workload_columns)
         self.store.write_trial(row, self.columns)
         self.tuner.tell(p, Evaluation(
             objective=(verdict.values if len(verdict.values) > 1 else verdict.objective)
@@ -364,12 +379,6 @@ class Runner:
             return False
         self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
         return True
-
-    def _queue_confirmations(self) -> tuple[int, int]:
-        """At the end of the search: remeasure.queue_confirmations (the top configurations and
-        the baseline once more, on fresh servers). Returns how many of each were queued."""
-        return queue_confirmations(self.spec, self.sweep.space, self.tuner,
-                                   self.store.read_trials())
 
     def recover(self) -> None:
         """Close trials an earlier, killed driver left RUNNING (re-queued if the sweep says

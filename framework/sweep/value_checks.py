@@ -79,8 +79,16 @@ def check_run_settings(spec: SweepSpec, space: SearchSpace,
                        fields: Mapping[str, str] = RUN_SETTINGS) -> None:
     """Every value a run setting (kind: run) can take must be one its workload field accepts
     (max-concurrency sets workload.max_concurrency: an int > 0; a float range cannot set an
-    int): trials apply them without validating again (loader.with_run_settings)."""
+    int): trials apply them without validating again (loader.with_run_settings). A timed
+    trace times its requests: request-rate and burstiness do not apply to it, speed-up only
+    to it."""
+    trace = spec.workload.dataset == "timed_trace"
     for name in space.run_params:
+        if (name == "speed-up") != trace and name in ("speed-up", "request-rate", "burstiness"):
+            raise ConfigError(str(spec.search_space), f"parameters.{name}", "kind: run",
+                              "speed-up applies to dataset timed_trace only, request-rate and "
+                              f"burstiness to the other datasets (workload.dataset is "
+                              f"{spec.workload.dataset})")
         field, param = fields[name], space.parameters[name]
         for where, value in probe_values(param):
             # a float range sends fractions between its ends: an int setting refuses them

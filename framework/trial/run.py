@@ -39,7 +39,11 @@ from framework.trial.measure import measure_fixed
 from framework.trial.measure import measure_screen
 from framework.trial.measure import run_once
 from framework.trial.quality import QualityVerdict
+from framework.trial.saturation import SaturationWatch
 from framework.trial.stats import combine
+from framework.trial.workloads import WorkloadResult
+from framework.trial.workloads import aggregate_metrics
+from framework.trial.workloads import measure_workloads
 
 
 class ServerHandle(Protocol):
@@ -100,6 +104,7 @@ class TrialOutcome:
     server_reused: bool = False
     precision_stop: str | None = None  # why precision runs ended (trial.precision)
     quality: QualityVerdict | None = None  # the quality probe's, when the trial ran it
+    workloads: tuple[WorkloadResult, ...] = ()  # several workloads: each one's metrics
 
     @property
     def ok(self) -> bool:
@@ -221,12 +226,20 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             pruned = (f"SLA surely broken in the screening run ({stopped})" if stopped
                       else screen(metrics))
         samples: list = []
+        workloads = []
         if pruned:
             phase(f"pruned: {pruned}")
         else:
             sampler = MetricsSampler(server.base_url).start()
+            if plan.saturation is not None:
+                measurement.watch = SaturationWatch(sampler.snapshot, plan.saturation)
             try:
-                if plan.capacity is None:
+                if plan.workloads:
+                    workloads = measure_workloads(server.base_url, plan, deadline, phase,
+                                                  measurement, lambda: reset_prefix_cache(server))
+                    metrics = aggregate_metrics(workloads, plan.aggregate)
+                    runs = [metrics]
+                elif plan.capacity is None:
                     runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
                     metrics = combine(runs, COUNT_METRICS + SESSION_COUNTS, PEAK_METRICS)
                 else:
@@ -234,6 +247,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                                                measurement, lambda: _check_still_serving(server))
                     runs = [metrics]
             finally:
+                measurement.watch = None
                 samples = sampler.stop().samples
         bench_s = clock() - t_load
         _check_still_serving(server)
@@ -262,7 +276,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             server_pid=server.pid, server_reused=reuse is not None,
                             precision_stop=measurement.precision_stop,
                             fail_reason="pruned" if pruned else None, fail_detail=pruned or "",
-                            quality=quality)
+                            quality=quality, workloads=tuple(workloads))
     except TrialError as exc:
         left = server.stop() if server is not None else []
         tail = log_tail(log_path)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from framework.base.vocabulary import split_class_key
+
 # t(0.975, df) for df = 1..30; beyond, the normal 1.96 is within 2%.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
@@ -47,13 +49,15 @@ def mean_ci(values: Sequence[float]) -> Interval:
 def combine(runs: Sequence[Mapping[str, float]], sums: Sequence[str] = (),
             maxima: Sequence[str] = ()) -> dict[str, float]:
     """Every metric over repeated runs (keys of the first run): the sum for counts (`sums`),
-    the largest for peaks (`maxima`), else the mean."""
+    the largest for peaks (`maxima`), else the mean; a mix class's key (`chat.completed`)
+    like its metric's."""
     out: dict[str, float] = {}
     for key in runs[0]:
         values = [r[key] for r in runs]
-        if key in sums:
+        metric = split_class_key(key)[1]
+        if metric in sums:
             out[key] = sum(values)
-        elif key in maxima:
+        elif metric in maxima:
             out[key] = max(values)
         else:
             out[key] = sum(float(v) for v in values) / len(values)

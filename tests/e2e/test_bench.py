@@ -1,16 +1,16 @@
-"""`vllm-sweep bench`: flag names and JSON keys as vllm bench's, its pure parts, and (marked
-`server`) real runs against ONE vLLM server shared by the module: prompts, totals, chat, and
-the /metrics sampler."""
+"""`vllm-sweep bench`: real runs against the session's shared vLLM server (tests/e2e/conftest.py,
+`vllm_server`; its API key sent as vllm bench sends it, OPENAI_API_KEY): prompts, totals, chat,
+and the /metrics sampler."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks.loadgen_parity import VllmServer
 from framework.engine.server_metrics import MetricsSampler
 from framework.engine.server_metrics import summarize
 from framework.load.loadgen import run_load
@@ -20,19 +20,19 @@ from tests.helpers import DETAIL_KEYS
 from tests.helpers import ROOT
 from tests.helpers import SAMPLE
 from tests.helpers import VLLM_KEYS
+from tests.helpers import SharedServer
 from tests.helpers import bench_cli
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with VllmServer(tiny_model, log, startup_timeout_s=240) as running:
-        yield running
+@pytest.fixture
+def server(vllm_server: SharedServer) -> SharedServer:
+    return vllm_server
 
 
-def bench_json(server: VllmServer, out: Path, *args: str) -> dict:
+def bench_json(server: SharedServer, out: Path, *args: str) -> dict:
     res = bench_cli("--base-url", server.base_url, "--model", str(ROOT / "models" / "tiny-llama"),
-                  "--result-json", str(out), "--save-detailed", *args)
+                    "--result-json", str(out), "--save-detailed", *args,
+                    env=dict(os.environ, OPENAI_API_KEY=server.api_key))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "Serving Benchmark Result" in res.stdout
     return json.loads(out.read_text())
@@ -85,7 +85,7 @@ def test_metrics_sampler_on_a_live_server(server):
                        prefix_groups=2).requests(tokenizer, 64, seed=11)
     sampler = MetricsSampler(server.base_url, interval_s=0.2).start()
     result = asyncio.run(run_load(server.base_url, str(ROOT / "models" / "tiny-llama"), requests,
-                                  max_concurrency=8))
+                                  max_concurrency=8, api_key=server.api_key))
     sampled = sampler.stop()
     assert all(r.success for r in result.records)
     assert sampled.errors == 0 and len(sampled.samples) >= 3
@@ -97,3 +97,87 @@ def test_metrics_sampler_on_a_live_server(server):
     assert 1 <= summary["running_requests_max"] <= 8
     assert summary["waiting_requests_max"] >= 0
     assert summary["queue_time_mean_s"] >= 0
+
+
+MOONCAKE = ROOT / "datasets" / "mooncake_sample.jsonl"
+
+
+def prefix_hits(server: SharedServer) -> tuple[float, float]:
+    from framework.engine.server_metrics import PREFIX_HITS
+    from framework.engine.server_metrics import PREFIX_QUERIES
+    from framework.engine.server_metrics import fetch_text
+    from framework.engine.server_metrics import parse_metrics
+
+    values = parse_metrics(fetch_text(f"{server.base_url}/metrics", 10.0))
+    return values[PREFIX_HITS], values[PREFIX_QUERIES]
+
+
+@pytest.mark.server
+@pytest.mark.timeout(180)
+def test_equal_hash_ids_hit_the_prefix_cache_and_distinct_ones_do_not(server, tmp_path: Path):
+    """12 requests 0.2 s apart, 320 tokens each (20 hash ids of 16): in `shared` every row
+    starts with the same 16 ids (256 tokens: two of the CPU backend's 128-token KV blocks), in
+    `distinct` no id repeats. The server's prefix-cache hits rise by 256 tokens per request
+    after the first with the shared trace, and not at all with the distinct one."""
+    common = list(range(1000, 1016))
+    traces = {"distinct": [list(range(2000 + 20 * i, 2020 + 20 * i)) for i in range(12)],
+              "shared": [common + list(range(3000 + 4 * i, 3004 + 4 * i)) for i in range(12)]}
+    from framework.engine.control import send
+
+    assert send(server.control_socket, "reset_prefix_cache") == "ok"  # the server is shared
+    hits = {}
+    for name, ids in traces.items():  # distinct first: nothing of it is cached yet
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"timestamp": 200 * i, "input_length": 320,
+                                            "output_length": 4, "hash_ids": h}) + "\n"
+                                for i, h in enumerate(ids)))
+        before = prefix_hits(server)
+        result = bench_json(server, tmp_path / f"{name}.json", "--dataset-name", "timed_trace",
+                            "--dataset-path", str(path), "--timed-trace-sec-multiplier", "0.001")
+        after = prefix_hits(server)
+        assert (result["completed"], result["total_input_tokens"]) == (12, 12 * 320)
+        assert after[1] - before[1] == 12 * 320  # every prompt token was looked up
+        hits[name] = after[0] - before[0]
+    assert hits["distinct"] == 0
+    assert hits["shared"] == 11 * 256, hits
+
+
+@pytest.mark.server
+@pytest.mark.timeout(240)
+def test_trace_replay_sends_what_vllm_bench_sends(server, tmp_path: Path):
+    """The first 40 rows of the Mooncake sample at 5x (ms timestamps x 0.0002): vllm bench
+    serve --dataset-name timed_trace and vllm-sweep bench send the same requests with the same
+    input lengths, so the same total input and output tokens, and ours are sent on the
+    trace's schedule."""
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.loadgen_parity import SERVER_ENV
+    from framework.config.trace_spec import TimedTraceSpec
+    from framework.load.trace import read_trace
+    from framework.load.trace import send_offsets
+
+    args = ["--dataset-name", "timed_trace", "--dataset-path", str(MOONCAKE),
+            "--timed-trace-sec-multiplier", "0.0002", "--num-prompts", "40",
+            "--temperature", "0", "--save-detailed"]
+    ours = bench_json(server, tmp_path / "ours.json", *args)
+    vllm = Path(sys.executable).parent / "vllm"
+    done = subprocess.run([str(vllm), "bench", "serve", "--backend", "openai", "--base-url",
+                           server.base_url, "--model", str(ROOT / "models" / "tiny-llama"),
+                           *args, "--save-result", "--result-dir", str(tmp_path),
+                           "--result-filename", "vllm.json", "--disable-tqdm"],
+                          capture_output=True, text=True, timeout=200, cwd=tmp_path,
+                          env={**os.environ, **SERVER_ENV})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    theirs = json.loads((tmp_path / "vllm.json").read_text())
+    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens",
+                "input_lens", "output_lens"):
+        assert ours[key] == theirs[key], key
+    assert (ours["completed"], ours["failed"]) == (40, 0)
+    rows = read_trace(MOONCAKE, TimedTraceSpec(sec_multiplier=0.0002), 40)
+    assert ours["output_lens"] == [r.output_length for r in rows]  # ignore_eos, as vllm bench
+    due = send_offsets(rows)
+    late = [(s - ours["start_times"][0]) - (d - due[0])
+            for s, d in zip(ours["start_times"], due)]
+    assert max(abs(x) for x in late) < 0.05, late

@@ -8,14 +8,10 @@ closed (no VLLM_SERVER_DEV_MODE), and leave no process once their process group 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
-import psutil
 import pytest
 
 from framework.cluster.ports import pick_port
@@ -28,6 +24,9 @@ from framework.load.loadgen import wait_ready
 from framework.load.workload import RequestSpec
 from framework.trial.run import reset_prefix_cache
 from tests.helpers import ENGINES
+from tests.helpers import VLLM_ENGINE
+from tests.helpers import kill_engine
+from tests.helpers import start_engine
 
 
 class ControlledServer:
@@ -46,6 +45,14 @@ API_KEY = "contract-test-key"
 
 @pytest.fixture(params=ENGINES)
 def running_engine(request, tiny_model, tmp_path):
+    """(module, base URL, is_alive, control socket, API key): vLLM is the session's shared
+    server (tests/e2e/conftest.py, `vllm_server`: its teardown asserts that killing its process
+    group leaves no process); FakeEngine starts here with the same kind of argv, environment
+    and check."""
+    if request.param == VLLM_ENGINE:
+        shared = request.getfixturevalue("vllm_server")
+        yield request.param, shared.base_url, shared.is_alive, shared.control_socket, shared.api_key
+        return
     port = pick_port("127.0.0.1", [])
     argv = ["--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(port),
             "--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager"]
@@ -53,29 +60,12 @@ def running_engine(request, tiny_model, tmp_path):
                VLLM_API_KEY=API_KEY)
     env.pop("VLLM_SERVER_DEV_MODE", None)
     env[control.SOCKET_VAR] = str(tmp_path / "ctl.sock")
-    code = f"import sys; from {request.param} import serve; serve(sys.argv[1:])"
-    with open(tmp_path / "server.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_engine(request.param, argv, env, tmp_path / "server.log")
     try:
-        yield request.param, f"http://127.0.0.1:{port}", proc, env[control.SOCKET_VAR]
+        yield (request.param, f"http://127.0.0.1:{port}", lambda: proc.poll() is None,
+               env[control.SOCKET_VAR], API_KEY)
     finally:
-        tree = [proc.pid]
-        try:
-            tree += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                  for p in tree) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not [p for p in tree if psutil.pid_exists(p)
-                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert kill_engine(proc) == []
 
 
 @pytest.mark.server
@@ -83,14 +73,14 @@ def running_engine(request, tiny_model, tmp_path):
 def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_model):
     import asyncio
 
-    module, base_url, proc, socket_path = running_engine
-    ready = asyncio.run(wait_ready(base_url, 240, is_alive=lambda: proc.poll() is None))
+    module, base_url, is_alive, socket_path, api_key = running_engine
+    ready = asyncio.run(wait_ready(base_url, 240, is_alive=is_alive))
     assert ready, f"{module} not ready"
     requests = [RequestSpec(prompt="def main():", prompt_len=4, output_len=12) for _ in range(6)]
     refused = asyncio.run(run_load(base_url, str(tiny_model), requests[:1], api_key=""))
     assert not refused.records[0].success and "401" in refused.records[0].error, refused.records
     result = asyncio.run(run_load(base_url, str(tiny_model), requests, max_concurrency=3,
-                                  api_key=API_KEY))
+                                  api_key=api_key))
     assert [r.success for r in result.records] == [True] * 6, [r.error for r in result.records]
     assert all(r.output_tokens == 12 and r.prompt_tokens > 0 for r in result.records)
     assert all(r.ttft_s is not None and r.ttft_s > 0 and len(r.chunk_s) >= 1 for r in result.records)
@@ -100,7 +90,7 @@ def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_mod
 
     long = [RequestSpec(prompt="the quick brown fox " * 45, prompt_len=290, output_len=4)]
     def send() -> None:
-        done = asyncio.run(run_load(base_url, str(tiny_model), long, api_key=API_KEY))
+        done = asyncio.run(run_load(base_url, str(tiny_model), long, api_key=api_key))
         assert done.records[0].success, done.records[0].error
 
     def hits_after(before: float) -> float:

@@ -24,6 +24,7 @@ from framework.results.rows import REQUEST_COLUMNS
 from framework.results.rows import param_column
 from framework.results.rows import trial_columns
 from framework.results.store import KINDS
+from framework.results.workload_rows import workload_columns
 from tests.helpers import NO_REMEASURE
 from tests.helpers import ROOT
 from tests.helpers import cli_env
@@ -37,7 +38,7 @@ RULE_HEADER = ["parameter in the search space", "column type"]
 TYPES_HEADER = ["kind", "Parquet / Arrow", "DuckDB", "pandas `read_parquet` (default)",
                 "pandas `dtype_backend=\"pyarrow\"`"]
 SECTIONS = {"The trial table": "trial", "The request table": "request",
-            "The partition column": "partition"}
+            "The workloads table": "workloads", "The partition column": "partition"}
 QUERY_PATH = 'RESULTS = "results/quickstart"'
 
 
@@ -127,6 +128,20 @@ def test_request_table_columns_are_the_code_schema():
     documented = _kinds(documented_columns()["request"])
     assert documented == dict(REQUEST_COLUMNS), _diff(documented, dict(REQUEST_COLUMNS))
     assert len(REQUEST_COLUMNS) == len(dict(REQUEST_COLUMNS))
+
+
+def test_workloads_table_columns_are_the_code_schema():
+    """The workloads table is documented as workload_columns() (default percentiles), its
+    metric columns by the `<metric>` and `<class>.<metric>` rule rows."""
+    rows = documented_columns()["workloads"]
+    assert {r[0] for r in rows if "<" in r[0]} == {"<metric>", "<class>.<metric>"}
+    documented = {n: k for n, k in _kinds(rows).items() if "<" not in n}
+    trial = dict(trial_columns(load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+                               WorkloadSpec().percentiles))
+    code = dict(workload_columns(WorkloadSpec().percentiles))
+    by_rule = {n: k for n, k in code.items() if n not in documented}
+    assert by_rule and all(trial[n] == k for n, k in by_rule.items()), _diff(documented, code)
+    assert documented == {n: k for n, k in code.items() if n in documented}, _diff(documented, code)
 
 
 def test_every_documented_kind_is_a_store_kind_with_its_arrow_type():

@@ -1,4 +1,9 @@
-"""The command line as a user meets it: exit codes and one-line errors, no traceback."""
+"""The command line as a user meets it: exit codes and one-line errors, no traceback.
+
+Most cases call `framework.cli.main` in this process (tests.helpers.cli_in_process: vLLM is
+imported once, not once per case); the entry point itself, `python -m framework.cli` as a
+child process, is tested on the quickstart's `validate`, on `run` of one bad file (nothing
+else printed on stderr, no traceback), on `bench` and on `--help`."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.helpers import cli_in_process
 
 
 def vllm_sweep(*args: str, cwd: Path = ROOT,
@@ -49,12 +55,28 @@ def test_bad_input_is_one_line_exit_2_no_traceback(tmp_path, tiny_model, text, k
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     for command in ("validate", "run"):
-        res = vllm_sweep(command, str(bad))
+        res = cli_in_process(command, str(bad))
         assert res.returncode == 2, (command, res.stdout, res.stderr)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1, res.stderr
         assert str(bad) in lines[0] and key in lines[0]
         assert "Traceback" not in res.stderr + res.stdout
+    assert not (ROOT / "results" / "x").exists()
+
+
+def test_bad_input_through_the_entry_point_is_one_line_exit_2(tmp_path, tiny_model):
+    """The child process prints exactly the error line on stderr: no warning of vLLM's import,
+    no traceback (a flag vLLM's own parser refuses: the path that imports vLLM; `run` and
+    `validate` share it, and the quickstart's `validate` runs as a child above)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: models/tiny-llama\nsearch_space: search_spaces/tiny_cpu.yaml\n"
+                   "server: {args: {no-such-vllm-flag: 1}}\n")
+    res = vllm_sweep("run", str(bad))
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert str(bad) in lines[0] and "server.args.no-such-vllm-flag" in lines[0]
+    assert "Traceback" not in res.stderr + res.stdout
     assert not (ROOT / "results" / "x").exists()
 
 
@@ -84,7 +106,7 @@ def test_validate_refuses_a_bad_value_in_one_line(tmp_path, tiny_model, sweep, s
     space_path.write_text(space or SPACE)
     bad = tmp_path / "bad.yaml"
     bad.write_text(sweep.replace("SPACE", str(space_path)))
-    res = vllm_sweep("validate", str(bad))
+    res = cli_in_process("validate", str(bad))
     assert res.returncode == 2, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
@@ -103,7 +125,7 @@ def test_bad_input_leaves_existing_results_untouched(tmp_path, tiny_model):
     bad.write_text(f"name: x\nmodel: {tiny_model}\nsearch_space: {space}\n"
                    f"results_dir: {tmp_path / 'results'}\nsearch: {{baseline: false}}\n")
     before = sorted((p.name, p.stat().st_mtime_ns) for p in results.rglob("*"))
-    res = vllm_sweep("run", str(bad))
+    res = cli_in_process("run", str(bad))
     assert res.returncode == 2, res.stderr
     assert "parameters.tensor-parallel-size" in res.stderr and "3" in res.stderr
     assert sorted((p.name, p.stat().st_mtime_ns) for p in results.rglob("*")) == before
@@ -119,7 +141,7 @@ def test_validate_rejects_an_api_key_in_the_sweep_file_in_one_line(tmp_path, tin
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel: models/tiny-llama\nsearch_space: search_spaces/tiny_cpu.yaml\n"
                    f"server: {server}\n")
-    res = vllm_sweep("validate", str(bad))
+    res = cli_in_process("validate", str(bad))
     assert res.returncode == 2, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
@@ -144,7 +166,8 @@ def header_server() -> Iterator[tuple[str, list[str | None]]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", seen

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import html
 import math
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from framework.search.tuner import Evaluation
 from framework.search.tuner import Tuner
 from framework.search.tuner import param_importances
 from tests.helpers import NAME
-from tests.helpers import ROOT
+from tests.helpers import cli_in_process
 from tests.helpers import write_fake_sweep
 
 SLA = {"p99_ttft_ms": 500.0, "p99_tpot_ms": 10.0}
@@ -164,8 +162,7 @@ def test_param_importances_of_degenerate_and_real_studies(tmp_path):
 
 def test_cli_report_of_a_sweep_without_results_is_one_line_exit_2(tmp_path, tiny_model):
     sweep = write_fake_sweep(tmp_path, tiny_model, None)
-    res = subprocess.run([sys.executable, "-m", "framework.cli", "report", str(sweep)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = cli_in_process("report", str(sweep))
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.strip().splitlines() == [
         f"error: sweep '{NAME}' has no results yet in {tmp_path / 'results' / NAME}"]
@@ -175,8 +172,7 @@ def test_cli_report_of_a_sweep_without_results_is_one_line_exit_2(tmp_path, tiny
 def test_cli_report_of_a_bad_sweep_is_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel: /no/such/model\nsearch_space: nowhere.yaml\n")
-    res = subprocess.run([sys.executable, "-m", "framework.cli", "report", str(bad)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = cli_in_process("report", str(bad))
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert str(bad) in res.stderr and "Traceback" not in res.stderr
 

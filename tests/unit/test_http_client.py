@@ -276,7 +276,8 @@ class Page(http.server.BaseHTTPRequestHandler):
 @pytest.mark.timeout(30)
 def test_get_sync_from_threads_against_a_threaded_server() -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     results: list[Response] = []
     try:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
@@ -20,6 +17,7 @@ from framework.sweep.plan import sample
 from framework.sweep.plan import space_size
 from framework.sweep.plan import time_estimate
 from tests.helpers import ROOT
+from tests.helpers import cli_in_process
 
 
 def space(parameters: dict) -> SearchSpace:
@@ -114,9 +112,7 @@ def test_runs_per_server(parameters, sampler, expected):
 
 
 def test_plan_command_on_the_seeds_70b_sweep():
-    res = subprocess.run([sys.executable, "-m", "framework.cli", "plan",
-                          "sweeps/llama70b_8xa100.yaml", "--gpus", "8"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = cli_in_process("plan", "sweeps/llama70b_8xa100.yaml", "--gpus", "8")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "sweep llama70b-8xa100: 9 parameters, unbounded (float ranges)"

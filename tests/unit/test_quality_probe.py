@@ -78,7 +78,8 @@ def server() -> Iterator[http.server.ThreadingHTTPServer]:
     srv.lock, srv.bodies, srv.in_flight, srv.peak = threading.Lock(), [], 0, 0
     srv.diverge_at, srv.status = None, 200
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     yield srv
     srv.shutdown()
     srv.server_close()

@@ -1,5 +1,5 @@
-"""results/queries: which rows come from a load stopped early, and which baseline a gain may be
-computed against (COMPLETE, feasible, measured in full), table-tested on hand-built rows."""
+"""results/queries: which rows come from a load stopped early, and which row is the best single
+measurement (COMPLETE, feasible, measured in full), table-tested on hand-built rows."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from framework.results.queries import baseline_for_gain
-from framework.results.queries import best_trial
+from framework.results.queries import best_row
 from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
 
@@ -50,46 +49,22 @@ def trials(*rows: dict) -> pd.DataFrame:
     return pd.DataFrame(base)
 
 
-TPOT = "p99_tpot_ms 6.12 ms > 4.5 ms (+36%)"
-
-
-@pytest.mark.parametrize(("change", "objective", "note"), [
-    ({"trial_number": 0}, 100.0, None),
-    ({"trial_number": 0, "feasible": False, "sla_violations": TPOT}, None,
-     f"vLLM's defaults break your SLA ({TPOT})"),
-    ({"trial_number": 0, "feasible": False, "sla_violations": TPOT, "stopped_early": STOPPED,
-      "completed": 12, "failed": 0}, None,
-     f"vLLM's defaults break your SLA ({TPOT}; load stopped early after 12 requests)"),
-    ({"trial_number": 0, "state": "FAIL", "fail_reason": "startup_crash", "feasible": None,
-      "objective": math.nan}, None,
-     "the baseline trial 0 did not complete (FAIL(startup_crash))"),
-    ({"trial_number": 0, "state": "PRUNED", "feasible": None, "objective": math.nan}, None,
-     "the baseline trial 0 did not complete (PRUNED)"),
-    ({"trial_number": 0, "objective": 0.0}, None,
-     "the baseline trial 0 measured an objective of 0"),
-    ({"trial_number": 0, "is_baseline": False}, None, "no baseline trial"),
+@pytest.mark.parametrize(("change", "maximize", "expected"), [
+    ({"trial_number": 0}, True, 1),
+    ({"trial_number": 0}, False, 0),
+    # a stopped-early row never counts: its value covers part of a load
+    ({"trial_number": 1, "stopped_early": STOPPED, "completed": 12}, True, 0),
+    ({"trial_number": 1, "feasible": False}, True, 0),
+    ({"trial_number": 1, "state": "FAIL", "objective": math.nan}, True, 0),
 ])
-def test_the_baseline_a_gain_is_computed_against(change, objective, note):
-    rows = trials(change)
-    assert baseline_for_gain(rows) == (objective, note)
-    best = best_trial(rows, [], maximize=True)
-    assert best.number == 1 and best.baseline_note == note
-    assert (best.gain is None) is (objective is None)
-    assert best.baseline_objective == objective
+def test_best_row_is_the_best_feasible_measurement_in_full(change, maximize, expected):
+    assert int(best_row(trials(change), maximize)["trial_number"]) == expected
 
 
-def test_a_feasible_baseline_cut_short_is_no_baseline():
-    """Feasible yet stopped early can only be a capacity-mode row with capacity 0; its
-    metrics cover part of a load."""
-    rows = trials({"trial_number": 0, "stopped_early": STOPPED, "capacity_rps": 0.0})
-    assert baseline_for_gain(rows) == (None, f"the baseline trial 0 was stopped early ({STOPPED})")
-
-
-def test_a_confirmation_of_the_baseline_is_not_the_baseline():
-    rows = pd.concat([trials(), pd.DataFrame([{
-        "trial_number": 2, "is_baseline": True, "state": "COMPLETE", "feasible": False,
-        "objective": 90.0, "sla_violations": TPOT, "confirmation_of": 0}])], ignore_index=True)
-    assert baseline_for_gain(rows) == (100.0, None)
+def test_best_row_none_without_a_feasible_measurement():
+    rows = trials({"trial_number": 0, "feasible": False}, {"trial_number": 1, "feasible": False})
+    assert best_row(rows, True) is None
+    assert best_row(rows.iloc[0:0], True) is None
 
 
 def test_cut_short_mask_marks_the_rows_stopped_early():

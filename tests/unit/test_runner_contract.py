@@ -353,3 +353,41 @@ def test_the_sweep_loop_imports_neither_optuna_nor_pandas(module):
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)}
     assert not imported & {"optuna", "pandas", "pyarrow", "ray"}
+
+
+@pytest.mark.timeout(120)
+def test_when_the_confirmed_configuration_breaks_on_its_fresh_server_the_next_is_confirmed(tmp_path):
+    """confirm_top 1, no baseline: the best configuration's confirmation fails (its second
+    launch is refused), so remeasure.queue_more_confirmations confirms the next best; a third
+    round never comes (CONFIRM_ROUNDS 2), and the verdict names the configuration that held."""
+    best_flag: list[str] = []  # set once the search's 3 trials are told
+    launches_of_best: list[list[str]] = []
+
+    def refuse_second_launch_of_the_best(argv: list[str]) -> str | None:
+        if not best_flag or best_flag[0] not in " ".join(argv):
+            return None
+        launches_of_best.append(argv)
+        return "server_died" if len(launches_of_best) == 1 else None  # its confirmation
+
+    space = {"max-num-seqs": {"type": "categorical", "choices": [2, 4, 8]}}
+    path = _sweep(tmp_path, "reconfirm", space, False, 3, {"confirm_top": 1})
+    runner = Runner(load(path), FakeLauncher(gpus=1, refuse=refuse_second_launch_of_the_best),
+                    Console(file=io.StringIO(), width=200))
+    original_tell = runner.tuner.tell
+
+    def tell_and_note_the_best(p, ev):
+        original_tell(p, ev)
+        trials = runner.store.read_trials()
+        if len(trials) == 3 and not best_flag:  # the search is done: its best is known
+            top = trials.sort_values("objective", ascending=False).iloc[0]
+            best_flag.append(f"--max-num-seqs {int(top['param_max_num_seqs'])}")
+    runner.tuner.tell = tell_and_note_the_best  # type: ignore[method-assign]
+    runner.run(3)
+    trials = runner.store.read_trials()
+    confirms = trials[trials["confirmation_of"].notna()].sort_values("trial_number")
+    assert len(confirms) == 2, trials[["trial_number", "confirmation_of", "state"]]
+    first, second = confirms.iloc[0], confirms.iloc[1]
+    assert first["state"] == "FAIL" and second["state"] == "COMPLETE"
+    assert int(first["confirmation_of"]) != int(second["confirmation_of"])
+    verdict = decide(trials, "output_throughput", True, {})
+    assert verdict.number == int(second["confirmation_of"])

@@ -173,7 +173,8 @@ def capture() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     bodies: list[dict[str, Any]] = []
     handler = type("Handler", (Capture,), {"bodies": bodies})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", bodies

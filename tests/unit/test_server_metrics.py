@@ -209,7 +209,8 @@ def metrics_server() -> Iterator[str]:
     """Base URL of a threaded HTTP server on 127.0.0.1 serving MetricsPages."""
     MetricsPages.scrapes = 0
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsPages)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()

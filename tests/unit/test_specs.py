@@ -40,7 +40,7 @@ def test_quickstart_loads_with_its_values():
     assert w.sampling.set_fields() == {"temperature": 0.0}
     assert w.percentiles == (25, 50, 75, 90, 95, 99)  # default covers the p99 SLA keys
     assert (spec.objective.metric, spec.objective.direction) == ("output_throughput", "maximize")
-    assert spec.sla == {"p99_ttft_ms": 500, "p99_tpot_ms": 4.5}
+    assert spec.sla == {"p99_ttft_ms": 2000, "p99_tpot_ms": 11}
     assert (spec.search.sampler, spec.search.n_trials, spec.search.seed) == ("tpe", 10, 0)
     assert spec.search.baseline is True
     s = spec.search

@@ -1,0 +1,224 @@
+"""Trace replay parity (issue #18): `vllm bench serve --dataset-name timed_trace` vs `vllm-sweep
+bench --dataset-name timed_trace` on ONE vLLM CPU server and the same trace file.
+
+    .venv/bin/python benchmarks/trace_parity.py [--runs 3] [--speed-ups 1,3]
+        [--trace datasets/mooncake_sample.jsonl] [--num-prompts 150] [--no-doc]
+
+One `vllm serve models/tiny-llama --enforce-eager --max-model-len 1024` with fine histogram
+buckets (loadgen_parity.VllmServer, stopped in a finally), warmed up by 30 requests. Per
+speed-up s (the trace's timestamps in ms, so --timed-trace-sec-multiplier 0.001 / s for both
+clients: vllm bench has no speed-up flag) the two clients alternate `--runs` times each (the
+first of each pair alternates too; parity.py's scheme), both with --temperature 0,
+--save-detailed and the default chunk hash size 16. vllm bench salts its token blocks per
+process (Python's hash()); ours get --seed <run> so that no run replays an earlier run's
+tokens into the server's prefix cache either.
+
+Per run: requests, total input and output tokens (must be equal across clients and runs:
+same rows, same block construction), the client's median TTFT and TPOT, the server's medians
+from its histogram deltas (server_histograms), its prefix-cache hits / queries delta, and the
+send lateness of every request: (start_i - start_0) - (due_i - due_0), where start is the
+client's own send stamp (--save-detailed start_times) and due the trace's schedule
+(framework.load.trace.send_offsets, vLLM's self-timed rule). Request 0 is taken as on time:
+neither JSON holds the run's start. Appends the tables to docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+from datetime import UTC
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+try:
+    from loadgen_parity import MODEL
+    from loadgen_parity import VLLM_BENCH_TIMED
+    from loadgen_parity import VllmServer
+    from loadgen_parity import run_timed
+    from parity import med
+    from parity import pct
+    from parity import spread
+    from record import ROOT
+    from record import append_section
+    from record import uptime
+except ModuleNotFoundError:  # imported as benchmarks.trace_parity
+    from benchmarks.loadgen_parity import MODEL
+    from benchmarks.loadgen_parity import VLLM_BENCH_TIMED
+    from benchmarks.loadgen_parity import VllmServer
+    from benchmarks.loadgen_parity import run_timed
+    from benchmarks.parity import med
+    from benchmarks.parity import pct
+    from benchmarks.parity import spread
+    from benchmarks.record import ROOT
+    from benchmarks.record import append_section
+    from benchmarks.record import uptime
+from framework.config.trace_spec import TimedTraceSpec
+from framework.engine.server_histograms import fine_buckets_flag
+from framework.engine.server_histograms import run_summary
+from framework.engine.server_histograms import scrape
+from framework.engine.server_metrics import PREFIX_HITS
+from framework.engine.server_metrics import PREFIX_QUERIES
+from framework.engine.server_metrics import fetch_text
+from framework.engine.server_metrics import parse_metrics
+from framework.load.trace import read_trace
+from framework.load.trace import send_offsets
+
+CLIENTS = ("vllm bench serve", "vllm-sweep bench")
+TRACE = ROOT / "datasets" / "mooncake_sample.jsonl"
+TRACE_MS = 0.001  # the sample's timestamps are milliseconds
+
+
+def workload(args: argparse.Namespace, speed_up: float) -> list[str]:
+    return ["--model", str(MODEL), "--dataset-name", "timed_trace", "--dataset-path",
+            str(args.trace), "--timed-trace-sec-multiplier", repr(TRACE_MS / speed_up),
+            "--num-prompts", str(args.num_prompts), "--temperature", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--save-detailed"]
+
+
+def lateness_ms(starts: list[float], due: list[float]) -> list[float]:
+    """Each request's send time minus its due time, both from request 0's (ms)."""
+    return [1000 * ((s - starts[0]) - (d - due[0])) for s, d in zip(starts, due)]
+
+
+def prefix_counters(url: str) -> tuple[float, float]:
+    values = parse_metrics(fetch_text(f"{url}/metrics", 10.0))
+    return values.get(PREFIX_HITS, 0.0), values.get(PREFIX_QUERIES, 0.0)
+
+
+def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, run: int,
+               out: Path) -> dict[str, Any]:
+    """One replay by one client: its JSON's counts and medians, the server's, the lateness."""
+    if name == CLIENTS[0]:
+        argv = [sys.executable, "-c", VLLM_BENCH_TIMED, "--backend", "openai", "--base-url", url,
+                *workload(args, speed_up), "--save-result", "--result-dir", str(out.parent),
+                "--result-filename", out.name, "--disable-tqdm"]
+    else:
+        argv = [sys.executable, "-m", "framework.cli", "bench", "--base-url", url,
+                *workload(args, speed_up), "--seed", str(run), "--result-json", str(out)]
+    hits0, queries0 = prefix_counters(url)
+    before = scrape(url)
+    run_timed(argv)
+    after = scrape(url)
+    hits1, queries1 = prefix_counters(url)
+    result = json.loads(out.read_text())
+    rows = read_trace(args.trace, TimedTraceSpec(sec_multiplier=TRACE_MS / speed_up),
+                      args.num_prompts)
+    late = lateness_ms(result["start_times"], send_offsets(rows))
+    server = run_summary(before, after)
+    return {"client": name, "speed_up": speed_up, "completed": result["completed"],
+            "failed": result["failed"], "input_tokens": result["total_input_tokens"],
+            "output_tokens": result["total_output_tokens"], "input_lens": result["input_lens"],
+            "median_ttft_ms": result["median_ttft_ms"], "median_tpot_ms": result["median_tpot_ms"],
+            "server_median_ttft_ms": server["median_ttft_ms"],
+            "server_median_tpot_ms": server["median_tpot_ms"],
+            "hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
+            "late_p50_ms": statistics.median(abs(x) for x in late),
+            "late_max_ms": max(abs(x) for x in late), "duration": result["duration"]}
+
+
+def speed_table(rows: list[dict[str, Any]]) -> list[str]:
+    v = [r for r in rows if r["client"] == CLIENTS[0]]
+    o = [r for r in rows if r["client"] == CLIENTS[1]]
+    lines = ["| per run | vllm bench serve | vllm-sweep bench | ours vs vllm |",
+             "| --- | ---: | ---: | ---: |"]
+    for key, label, digits in (("completed", "requests", 0), ("input_tokens", "input tokens", 0),
+                               ("output_tokens", "output tokens", 0),
+                               ("median_ttft_ms", "median TTFT ms", 2),
+                               ("median_tpot_ms", "median TPOT ms", 2),
+                               ("server_median_ttft_ms", "server's median TTFT ms", 2),
+                               ("server_median_tpot_ms", "server's median TPOT ms", 2),
+                               ("hit_rate", "prefix-cache hit rate (server)", 3),
+                               ("late_p50_ms", "send lateness, median ms", 2),
+                               ("late_max_ms", "send lateness, max ms", 2),
+                               ("duration", "duration s", 2)):
+        lines.append(f"| {label} | {spread(v, key, digits)} | {spread(o, key, digits)} | "
+                     f"{pct(med(o, key), med(v, key))} |")
+    return lines
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for speed in dict.fromkeys(r["speed_up"] for r in rows):
+        v = [r for r in rows if r["speed_up"] == speed and r["client"] == CLIENTS[0]]
+        o = [r for r in rows if r["speed_up"] == speed and r["client"] == CLIENTS[1]]
+        same = {(r["completed"], r["failed"], r["input_tokens"], r["output_tokens"],
+                 tuple(r["input_lens"])) for r in v + o}
+        out.append(f"- {speed:g}x, requests and total input / output tokens identical in every "
+                   f"run of both clients (and every request's input length): "
+                   f"{'met' if len(same) == 1 else 'MISSED'}")
+        for key, label in (("median_ttft_ms", "median TTFT"), ("median_tpot_ms", "median TPOT")):
+            diff = (med(o, key) - med(v, key)) / med(v, key)
+            out.append(f"- {speed:g}x, {label}: ours {100 * diff:+.1f}% vs vllm bench (target "
+                       f"within 10%): {'met' if abs(diff) <= 0.10 else 'MISSED'}")
+        worst = {c: max(r["late_max_ms"] for r in rs) for c, rs in zip(CLIENTS, (v, o))}
+        out.append(f"- {speed:g}x, every request sent within 50 ms of the trace's schedule: "
+                   + "; ".join(f"{c} worst {w:.1f} ms: {'met' if w <= 50 else 'MISSED'}"
+                               for c, w in worst.items()))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--speed-ups", default="1,3")
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--num-prompts", type=int, default=150)
+    parser.add_argument("--save-runs", default=None, help="write every run's row to this JSON")
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave BENCHMARKS.md")
+    args = parser.parse_args()
+    speeds = [float(s) for s in args.speed_ups.split(",")]
+    command = "benchmarks/trace_parity.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    started, load_before = datetime.now(UTC), uptime()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="trace-parity-") as tmp:
+        out = Path(tmp)
+        with VllmServer(MODEL, out / "server.log", tuple(fine_buckets_flag())) as server:
+            print(f"server ready at {server.base_url} (pid {server.pid}); warming up", flush=True)
+            run_timed([sys.executable, "-m", "framework.cli", "bench", "--base-url",
+                       server.base_url, "--model", str(MODEL), "--num-prompts", "30",
+                       "--random-input-len", "256", "--random-output-len", "32",
+                       "--max-concurrency", "8", "--seed", "999"])
+            for speed in speeds:
+                for i in range(args.runs):
+                    for name in (CLIENTS if i % 2 == 0 else CLIENTS[::-1]):
+                        tag = f"{speed:g}x-{i}-{'vllm' if name == CLIENTS[0] else 'ours'}"
+                        rows.append(run_client(name, server.base_url, args, speed, i,
+                                               out / f"{tag}.json"))
+                        r = rows[-1]
+                        print(f"{tag}: {r['completed']} req, {r['input_tokens']} in, "
+                              f"{r['output_tokens']} out, TTFT {r['median_ttft_ms']:.2f} ms "
+                              f"(server {r['server_median_ttft_ms']:.2f}), TPOT "
+                              f"{r['median_tpot_ms']:.2f}, late max {r['late_max_ms']:.1f} ms, "
+                              f"hits {r['hit_rate']:.3f}", flush=True)
+    if args.save_runs:
+        Path(args.save_runs).write_text(json.dumps(rows, indent=1))
+    preamble = (
+        f"Command: `.venv/bin/python {command.strip()}` ({args.runs} runs per client and "
+        f"speed-up, alternating; the first {args.num_prompts} rows of `{args.trace.name}` at "
+        + ", ".join(f"{s:g}x" for s in speeds) + " (--timed-trace-sec-multiplier 0.001 / "
+        "speed-up), --temperature 0; ours with --seed <run>). One `vllm serve models/tiny-llama "
+        "--enforce-eager --max-model-len 1024 --custom-histogram-buckets <fine>`. Cells: median "
+        "over runs [min-max] of each run's value. Send lateness: (start_i - start_0) - "
+        "(due_i - due_0) from the clients' own send stamps.\n\nMachine load: before "
+        f"`{load_before}`; after `{uptime()}`.")
+    section = []
+    for speed in speeds:
+        section += [f"Speed-up {speed:g}x:", "",
+                    *speed_table([r for r in rows if r["speed_up"] == speed]), ""]
+    section += ["Targets:", "", *verdicts(rows), ""]
+    text = "\n".join(section)
+    print(preamble + "\n\n" + text)
+    if not args.no_doc:
+        append_section("Trace replay parity: vllm bench vs vllm-sweep bench, timed_trace",
+                       preamble, text, started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

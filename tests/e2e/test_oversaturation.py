@@ -1,0 +1,142 @@
+"""Over-saturation on real servers: a run whose queue grows without bound ends early with its
+evidence in the row, a light one on the same server does not (vLLM on CPU, max-num-seqs 1,
+through the CLI); a capacity step that over-saturates a FakeEngine counts as not held."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+from framework.cluster.ports import pick_port
+from framework.engine.server_metrics import MetricsSampler
+from framework.load.loadgen import wait_ready
+from framework.load.workload import RequestSpec
+from framework.trial.capacity import CapacitySettings
+from framework.trial.measure import CapacityPlan
+from framework.trial.measure import Deadline
+from framework.trial.measure import LoadPlan
+from framework.trial.measure import Measurement
+from framework.trial.measure import measure_capacity
+from framework.trial.saturation import SaturationSettings
+from framework.trial.saturation import SaturationWatch
+from tests.helpers import NO_REMEASURE
+from tests.helpers import cli_env
+from tests.helpers import new_marker
+from tests.helpers import read_trials
+from tests.helpers import run_cli
+from tests.helpers import wait_no_marked_processes
+
+pytestmark = pytest.mark.server
+
+
+@pytest.mark.timeout(400)
+def test_a_flooded_run_is_stopped_and_a_light_one_is_not(tiny_model, short_tmp):
+    """One vLLM server with max-num-seqs 1 serves a light workload (1 req/s) and then a flood
+    (50 req/s, far beyond what one sequence at a time serves): the flood is stopped as
+    over-saturated within seconds, the light run goes to its end."""
+    space = short_tmp / "space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": {
+        "max-concurrency": {"type": "categorical", "choices": [4096], "kind": "run"}}}))
+    sweep = short_tmp / "flood.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "flood", "model": str(tiny_model), "search_space": str(space),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512, "max-num-seqs": 1},
+                   "startup_timeout_s": 240},
+        "workloads": [
+            {"name": "light", "request_rate": 1, "num_prompts": 8, "input_len": 32,
+             "output_len": 16, "warmup_requests": 2},
+            {"name": "flood", "request_rate": 50, "num_prompts": 1500, "input_len": 32,
+             "output_len": 64, "warmup_requests": 0}],
+        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 1, "baseline": False,
+                   "saturation": {"min_duration_s": 4}},
+        "results_dir": str(short_tmp / "results")}))
+    marker = new_marker()
+    try:
+        res = run_cli(["run", str(sweep)], short_tmp, cli_env(marker, short_tmp), timeout_s=360)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "over-saturated" in res.stdout
+    finally:
+        assert wait_no_marked_processes(marker) == []
+    trial = read_trials(short_tmp / "results", "flood").iloc[0]
+    assert trial["state"] == "COMPLETE", trial["fail_detail"]
+    assert trial["saturated"] and trial["stopped_early"].startswith("over-saturated")
+    rows = {r["workload"]: r for r in duckdb.sql(
+        f"SELECT * FROM read_parquet('{short_tmp}/results/flood/workloads/**/*.parquet')"
+    ).df().to_dict("records")}
+    light, flood = rows["light"], rows["flood"]
+    assert not light["saturated"] and pd.isna(light["stopped_early"])
+    assert light["completed"] == 8 and light["saturation_samples"] >= 6
+    assert flood["saturated"] and flood["stopped_early"].startswith("over-saturated: waiting")
+    assert flood["saturation_slope"] > 10  # waiting requests per second
+    assert 4 <= flood["saturation_at_s"] < 20  # judged after min_duration_s, well before the end
+    assert flood["completed"] + flood["failed"] < 1500
+    assert flood["saturation_detail"] in trial["saturation_detail"]
+
+
+@pytest.fixture
+def fake_engine(tiny_model, tmp_path):
+    """A FakeEngine serving one sequence at a time (TTFT 20 ms, TPOT 5 ms: ~0.1 s a request of
+    16 tokens, ~10 requests/s at most), its process group killed at the end."""
+    port = pick_port("127.0.0.1", [])
+    env = dict(os.environ, FAKE_ENGINE_STARTUP_S="0.2", FAKE_ENGINE_TTFT_MS="20",
+               FAKE_ENGINE_TPOT_MS="5")
+    code = "import sys; from framework.engine.fake_engine import serve; serve(sys.argv[1:])"
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code, "--model", str(tiny_model),
+                                 "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "1"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        import asyncio
+
+        assert asyncio.run(wait_ready(base_url, 60, is_alive=lambda: proc.poll() is None))
+        yield base_url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_capacity_counts_an_over_saturated_step_as_not_held(fake_engine, tiny_model):
+    """Capacity mode on a server of ~10 requests/s, the SLA loose enough never to break: the
+    rate steps at 40 and 20 requests/s are stopped as over-saturated and do not hold, so the
+    capacity found is below 20."""
+    requests = [RequestSpec(prompt="hello " * 8, prompt_len=9, output_len=16)] * 400
+    settings = CapacitySettings(start_rate=40, max_rate=40, tolerance=0.5, max_steps=4,
+                                step_duration_s=8, min_requests=20, max_requests=400)
+    sla = {"p99_e2el_ms": 600_000}
+    plan = LoadPlan(model=str(tiny_model), warmup=(), measured=(), arrivals=None,
+                    max_concurrency=None, ignore_eos=True, request_timeout_s=120,
+                    percentiles=(99,), goodput_slo_ms={}, startup_timeout_s=60,
+                    capacity=CapacityPlan(settings, [requests], burstiness=1.0, seed=0, sla=sla),
+                    sla_guard=sla, saturation=SaturationSettings(min_duration_s=2))
+    sampler = MetricsSampler(fake_engine).start()
+    m = Measurement()
+    m.watch = SaturationWatch(sampler.snapshot, plan.saturation)
+    lines: list[str] = []
+    try:
+        metrics = measure_capacity(fake_engine, plan, Deadline(240, time.monotonic),
+                                   lines.append, m, lambda: None)
+    finally:
+        sampler.stop()
+    rates = [step.rate for step in m.steps]
+    assert rates[:2] == [40, 20], lines
+    for step in m.steps[:2]:
+        assert step.saturation.saturated and step.stopped.startswith("over-saturated"), lines
+        assert len(step.records) < round(step.rate * 8)  # cut short
+    held = [s.rate for s in m.steps if s.stopped is None]
+    assert held and metrics["capacity_rps"] == max(held) < 20, lines
+    assert not any(s.saturation.saturated for s in m.steps if s.rate == metrics["capacity_rps"])

@@ -1,0 +1,62 @@
+"""sweeps/trace_replay.yaml on real parts (local Ray, a vLLM CPU server, Parquet read back with
+DuckDB), kept small: the trace's first 40 rows and two trials, the baseline and its speed-up
+sibling on the same server."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+import yaml
+
+from framework.config.trace_spec import TimedTraceSpec
+from framework.load.trace import read_trace
+from framework.load.trace import send_offsets
+from tests.helpers import ROOT
+from tests.helpers import cli_env
+from tests.helpers import new_marker
+from tests.helpers import read_trials
+from tests.helpers import run_cli
+from tests.helpers import wait_no_marked_processes
+
+pytestmark = pytest.mark.server
+
+
+@pytest.mark.timeout(600)
+def test_trace_replay_sweep_runs_and_reads_back(tiny_model, short_tmp):
+    sweep = yaml.safe_load((ROOT / "sweeps" / "trace_replay.yaml").read_text())
+    sweep["model"] = str(tiny_model)
+    sweep["search_space"] = str(ROOT / sweep["search_space"])
+    sweep["results_dir"] = str(short_tmp / "results")
+    w = sweep["workload"]
+    w.update(dataset_path=str(ROOT / w["dataset_path"]), num_prompts=40, warmup_requests=4)
+    sweep["search"]["n_trials"] = 2
+    path = short_tmp / "trace_replay.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    marker = new_marker()
+    done = run_cli(["run", str(path)], short_tmp, cli_env(marker, short_tmp), timeout_s=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert wait_no_marked_processes(marker) == []
+
+    trials = read_trials(short_tmp / "results", "trace_replay")
+    assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason",
+                                                                      "fail_detail"]]
+    assert sorted(trials["param_speed_up"]) == [1, 3]
+    assert trials["server_pid"].nunique() == 1  # the sibling replayed on the same server
+    rows = read_trace(ROOT / w["dataset_path"], TimedTraceSpec(**w["timed_trace"]), 40)
+    lengths = [min(r.input_length, 16 * len(r.hash_ids or ())) for r in rows]
+    assert set(trials["total_input_tokens"]) == {sum(lengths)}
+    assert set(trials["total_output_tokens"]) == {sum(r.output_length for r in rows)}
+    assert (trials["prefix_cache_hit_rate"] > 0.15).all()  # ~0.30 reusable at 128-token blocks
+
+    requests = duckdb.sql(
+        f"SELECT t.param_speed_up AS speed, r.request_index, r.scheduled_s, r.send_s, "
+        f"r.prompt_tokens FROM read_parquet('{short_tmp}/results/trace_replay/requests/**/"
+        f"*.parquet', hive_partitioning=true) r JOIN read_parquet('{short_tmp}/results/"
+        f"trace_replay/trials/**/*.parquet', hive_partitioning=true) t USING (trial_number) "
+        "ORDER BY speed, request_index").df()
+    assert len(requests) == 80
+    for speed, group in requests.groupby("speed"):
+        assert list(group["prompt_tokens"]) == lengths
+        assert list(group["scheduled_s"]) == pytest.approx(send_offsets(rows, float(speed)))
+        late = group["send_s"] - group["scheduled_s"]
+        assert late.max() < 0.25 and late.min() > -0.01, late.describe()
