@@ -12,6 +12,7 @@ from datetime import UTC
 from datetime import datetime
 from typing import Any
 
+import duckdb
 import pytest
 from aiohttp import web
 
@@ -21,6 +22,7 @@ from framework.load.sessions import run_sessions
 from framework.load.sse import SSEState
 from framework.results.rows import REQUEST_COLUMNS
 from framework.results.rows import request_rows
+from framework.results.store import ResultStore
 from framework.trial.measure import Deadline
 from framework.trial.measure import LoadPlan
 from framework.trial.measure import Measurement
@@ -188,9 +190,10 @@ def test_sse_keeps_the_answer_text_when_asked(keep_text, stream, text, chunks) -
     assert state.text == text and len(state.chunks) == chunks
 
 
-def test_a_trial_run_of_sessions_gives_session_metrics_and_rows() -> None:
+def test_a_trial_run_of_sessions_gives_session_metrics_and_rows(tmp_path) -> None:
     """measure_fixed on a plan holding sessions: the session driver runs (not run_load), the
-    run's metrics include the session metrics and the request rows carry session and turn."""
+    run's metrics include the session metrics and the request rows carry session and turn,
+    written to Parquet by the store and read back with DuckDB."""
     sessions = [session("p0", "p1", "p2"), session("q0", "q1")]
     phases: list[str] = []
 
@@ -215,3 +218,10 @@ def test_a_trial_run_of_sessions_gives_session_metrics_and_rows() -> None:
     rows = request_rows(7, outcome)
     assert [(r["session_id"], r["turn"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
     assert all(set(r) == {name for name, _ in REQUEST_COLUMNS} for r in rows)
+    store = ResultStore(tmp_path, "mt")
+    store.write_requests(7, rows, REQUEST_COLUMNS)
+    got = duckdb.sql(f"""
+        SELECT session_id, count(*) AS turns, max(turn) AS last, min(prompt_tokens) AS p
+        FROM read_parquet('{tmp_path}/mt/requests/**/*.parquet', hive_partitioning = true)
+        GROUP BY session_id ORDER BY session_id""").fetchall()
+    assert got == [(0, 3, 2, 5), (1, 2, 1, 5)]
