@@ -168,7 +168,7 @@ def test_trace_replay_sends_what_vllm_bench_sends(server, tmp_path: Path):
                            *args, "--save-result", "--result-dir", str(tmp_path),
                            "--result-filename", "vllm.json", "--disable-tqdm"],
                           capture_output=True, text=True, timeout=200, cwd=tmp_path,
-                          env={**os.environ, **SERVER_ENV})
+                          env={**os.environ, **SERVER_ENV, "OPENAI_API_KEY": server.api_key})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     theirs = json.loads((tmp_path / "vllm.json").read_text())
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens",
