@@ -39,9 +39,6 @@ pytestmark = pytest.mark.server
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.xfail(strict=False, reason=(
-    "failed once in the merged suite (clean clone of d121b0c, 2026-11-23 22:40) after passing "
-    "its first checks on the helper's branch; not diagnosed yet: see the closing note"))
 def test_a_flooded_run_is_stopped_and_a_light_one_is_not(tiny_model, short_tmp):
     """One vLLM server with max-num-seqs 1 serves a light workload (1 req/s) and then a flood
     (50 req/s, far beyond what one sequence at a time serves): the flood is stopped as
