@@ -10,8 +10,8 @@ speed-up s (the trace's timestamps in ms, so --timed-trace-sec-multiplier 0.001 
 clients: vllm bench has no speed-up flag) the two clients alternate `--runs` times each (the
 first of each pair alternates too; parity.py's scheme), both with --temperature 0,
 --save-detailed and the default chunk hash size 16. vllm bench salts its token blocks per
-process (Python's hash()); ours get --seed <run> so that no run replays an earlier run's
-tokens into the server's prefix cache either.
+process (Python's hash()); ours get --seed <the run's number over all speed-ups> so that no
+run replays an earlier run's tokens into the server's prefix cache either.
 
 Per run: requests, total input and output tokens (must be equal across clients and runs:
 same rows, same block construction), the client's median TTFT and TPOT, the server's medians
@@ -93,7 +93,9 @@ def prefix_counters(url: str) -> tuple[float, float]:
 
 def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, run: int,
                out: Path) -> dict[str, Any]:
-    """One replay by one client: its JSON's counts and medians, the server's, the lateness."""
+    """One replay by one client: its JSON's counts and medians, the server's, the lateness.
+    `run` is unique over the whole benchmark: it is our --seed, and a seed reused at another
+    speed-up would replay cached blocks and inflate our prefix-cache hits."""
     if name == CLIENTS[0]:
         argv = [sys.executable, "-c", VLLM_BENCH_TIMED, "--backend", "openai", "--base-url", url,
                 *workload(args, speed_up), "--save-result", "--result-dir", str(out.parent),
@@ -188,7 +190,8 @@ def main() -> int:
                 for i in range(args.runs):
                     for name in (CLIENTS if i % 2 == 0 else CLIENTS[::-1]):
                         tag = f"{speed:g}x-{i}-{'vllm' if name == CLIENTS[0] else 'ours'}"
-                        rows.append(run_client(name, server.base_url, args, speed, i,
+                        seed = speeds.index(speed) * args.runs + i
+                        rows.append(run_client(name, server.base_url, args, speed, seed,
                                                out / f"{tag}.json"))
                         r = rows[-1]
                         print(f"{tag}: {r['completed']} req, {r['input_tokens']} in, "
