@@ -156,7 +156,10 @@ class ClusterSpec(_Spec):
 
     `max_concurrent_trials: null` runs as many trials side by side as the cluster can place,
     except on the CPU engine, where it means 1: CPU trials share the same cores and would
-    distort each other's measurements. `cpus_per_worker`: CPUs of each CPU-engine bundle.
+    distort each other's measurements. `start_ahead: n` (CPU and fake engines): up to 1 + n
+    trials at once, whose servers start side by side while nothing is measured and then wait,
+    ready, for their turn: each measurement still runs alone (trial/share_gate.py).
+    `cpus_per_worker`: CPUs of each CPU-engine bundle.
     `num_cpus` / `num_gpus`: resources of the private local Ray (default: what Ray detects;
     `num_gpus` on a machine without GPUs declares fake ones, for the fake engine).
     `cache_dir`: the node-local directory for vLLM's compile cache and Hugging Face's files,
@@ -171,6 +174,7 @@ class ClusterSpec(_Spec):
     num_gpus: int | None = Field(default=None, ge=0)
     cpus_per_worker: int = Field(default=1, gt=0)
     max_concurrent_trials: int | None = Field(default=None, gt=0)
+    start_ahead: int = Field(default=0, ge=0)
     retry_node_lost: bool = False  # run a trial whose node died once more, as a new trial
 
 
@@ -195,6 +199,8 @@ class SweepSpec(_Spec):
         """The cap on trials side by side (None = as many as the cluster can place)."""
         if self.cluster.max_concurrent_trials is not None:
             return self.cluster.max_concurrent_trials
+        if self.cluster.start_ahead:
+            return 1 + self.cluster.start_ahead
         return 1 if self.engine == "cpu" else None
 
     @field_validator("name")

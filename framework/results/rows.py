@@ -123,6 +123,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
         ("placement", "list<str>"), ("node_count", "int"), ("placement_wait_s", "float"),
         ("launch_s", "float"), ("warmup_s", "float"), ("server_pid", "int"),
         ("server_reused", "bool"), ("server_log", "str"), ("log_tail", "str"),
+        ("gate_wait_s", "float"),  # start-ahead: waiting at the share gate (trial.share_gate)
     ]
     return columns
 
@@ -200,6 +201,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         "schema_version": SCHEMA_VERSION,
         "started_at": outcome.started_at,
         "startup_s": outcome.startup_s,
+        "gate_wait_s": outcome.gate_wait_s,
         "bench_s": outcome.bench_s,
         "trial_s": outcome.trial_s,
         "node_ip": outcome.node_ip or None,

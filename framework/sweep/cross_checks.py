@@ -9,7 +9,8 @@ trial fail is a ConfigError here, not a sweep of failed trials:
 - an objective or SLA metric the workload cannot produce (these two rules for every workload
   of `workloads:` and every class of a mix);
 - a results location that is not a writable directory; a workload.tokenizer folder without
-  tokenizer.json.
+  tokenizer.json;
+- cluster.start_ahead on the GPU engine (its trials already run side by side on free GPUs).
 
 "Every trial" ranges over the values each flag takes (flag_values: fixed, each probe value of
 a searched flag, vLLM's default where a conditional flag is left out). The rules are monotone
@@ -240,6 +241,11 @@ def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: boo
                               f"also fixed in server.args of {path}: fix it or search it, not "
                               "both (searched trials would replace the fixed value, and the "
                               "baseline trial run it while recording the parameter's default)")
+    if spec.cluster.start_ahead and spec.engine == "gpu":
+        raise ConfigError(str(path), "cluster.start_ahead", spec.cluster.start_ahead,
+                          "GPU trials already start side by side on free GPUs "
+                          "(cluster.max_concurrent_trials); start_ahead is for the CPU engine, "
+                          "whose trials share cores")
     w = spec.workload
     if w.tokenizer is not None and not (w.tokenizer / "tokenizer.json").is_file():
         raise ConfigError(str(path), "workload.tokenizer", str(w.tokenizer),

@@ -74,6 +74,8 @@ from framework.trial.run import Reused
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome
 from framework.trial.run import run_trial
+from framework.trial.share_gate import OPEN
+from framework.trial.share_gate import ShareGate
 from framework.trial.workloads import judge_workloads
 
 
@@ -107,7 +109,9 @@ class _Loop:
 class Runner:
     """Runs the trials of one sweep against a launcher and records them."""
 
-    def __init__(self, sweep: Sweep, launcher: ClusterLauncher, console: Console) -> None:
+    def __init__(self, sweep: Sweep, launcher: ClusterLauncher, console: Console,
+                 gate: ShareGate | None = None) -> None:
+        """`gate`: the share gate to use (default: share_gate's rule for cluster.start_ahead)."""
         self.sweep, self.launcher, self.console = sweep, launcher, console
         self.spec = spec = sweep.spec
         self.store = sweep.store
@@ -126,7 +130,9 @@ class Runner:
         self._lock = threading.Lock()
         self._search_target = spec.search.n_trials  # set by run()
         self._waiting: dict[int, int] = {}  # trial number -> devices, until placed
-        self._pool = ServerPool(spec.server.reuse, console.print)
+        # start-ahead: servers start side by side, each measured alone (trial.share_gate)
+        self._gate = gate or (ShareGate() if spec.cluster.start_ahead else OPEN)
+        self._pool = ServerPool(spec.server.reuse, console.print, gate=self._gate)
         self._quality = QualityGate(sweep)  # the quality probe: which trials, the reference
         self.provenance = provenance(spec, launcher.node_resources())
         self._limit = spec.concurrent_trials or 256
@@ -261,7 +267,8 @@ class Runner:
                              phase=lambda text: progress.phase(number, text), on_placed=placed,
                              stop_later=lambda server: self._pool.hand_over(number, server),
                              reuse=reuse, screen=lambda metrics: self._screen(plan, metrics),
-                             unit=plan.unit, probe=self._quality.probe_for(plan))
+                             unit=plan.unit, probe=self._quality.probe_for(plan),
+                             gate=self._gate)
         finally:
             placed()
 

@@ -20,16 +20,19 @@ from pathlib import Path
 
 from framework.trial.run import Reused
 from framework.trial.run import ServerHandle
+from framework.trial.share_gate import OPEN
+from framework.trial.share_gate import ShareGate
 
 STOP_TIMEOUT_S = 180.0  # how long `join` and `stops_running` wait for one stop's result
 
 
 class ServerPool:
     """`reuse`: park measured servers for the next trial with the same key; `report`: where a
-    stop's problems go (a line of text)."""
+    stop's problems go (a line of text); `gate`: stops are its busy work (share_gate)."""
 
-    def __init__(self, reuse: bool, report: Callable[[str], None], stoppers: int = 4) -> None:
-        self.reuse, self._report = reuse, report
+    def __init__(self, reuse: bool, report: Callable[[str], None], stoppers: int = 4,
+                 gate: ShareGate = OPEN) -> None:
+        self.reuse, self._report, self._gate = reuse, report, gate
         self._lock = threading.Lock()
         self._handed: dict[int, ServerHandle] = {}  # trial -> its measured server
         self._parked: dict[str, tuple[int, Reused]] = {}  # flags key -> (trial, server)
@@ -85,7 +88,8 @@ class ServerPool:
     def stop_later(self, number: int, server: ServerHandle) -> None:
         """Stop trial `number`'s server in a background thread."""
         def stop() -> None:
-            left = server.stop()
+            with self._gate.busy():
+                left = server.stop()
             if left:
                 self._report(f"  trial {number}: processes {left} survived the stop")
 

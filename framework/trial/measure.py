@@ -62,6 +62,10 @@ class Deadline:
     def left(self) -> float:
         return self.at - self.clock()
 
+    def extend(self, seconds: float) -> None:
+        """Move the deadline by `seconds` (time the trial spent waiting for its turn)."""
+        self.at += seconds
+
     def bound(self, timeout_s: float) -> float:
         return max(0.0, min(timeout_s, self.left()))
 

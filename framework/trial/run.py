@@ -40,6 +40,8 @@ from framework.trial.measure import measure_screen
 from framework.trial.measure import run_once
 from framework.trial.quality import QualityVerdict
 from framework.trial.saturation import SaturationWatch
+from framework.trial.share_gate import OPEN
+from framework.trial.share_gate import ShareGate
 from framework.trial.stats import combine
 from framework.trial.workloads import WorkloadResult
 from framework.trial.workloads import aggregate_metrics
@@ -89,6 +91,7 @@ class TrialOutcome:
     placement_wait_s: float | None = None
     launch_s: float | None = None
     startup_s: float | None = None
+    gate_wait_s: float = 0.0  # waiting at the share gate (start-ahead), in startup_s or not
     warmup_s: float | None = None
     bench_s: float | None = None
     trial_s: float = 0.0
@@ -153,6 +156,72 @@ def _check_still_serving(server: ServerHandle, grace_s: float = 60.0) -> None:
         "server_died", f"server alive but not answering /health for {grace_s:.0f} s after the load")
 
 
+@dataclass(frozen=True)
+class _Measured:
+    metrics: dict[str, float]
+    runs: list[dict[str, float]]
+    samples: list
+    workloads: list[WorkloadResult]
+    pruned: str | None
+    quality: QualityVerdict | None
+
+
+def _measure(server: ServerHandle, plan: LoadPlan, deadline: Deadline, phase: Phase,
+             measurement: Measurement, screen: Callable[[dict[str, float]], str | None] | None,
+             probe: Callable[[str], QualityVerdict] | None, clock: Callable[[], float],
+             times: dict[str, float | None]) -> _Measured:
+    """Warm-up, the measured load (screen, runs, workloads or capacity) and the quality probe
+    on a ready server; `times` gets warmup_s and bench_s as they are known."""
+    if plan.warmup:
+        phase(f"warming up ({len(plan.warmup)} requests)")
+        t_warm = clock()
+        run_once(server.base_url, plan, plan.warmup, None, lambda _: None, deadline,
+                 "warming up")
+        times["warmup_s"] = clock() - t_warm
+    t_load = clock()
+    pruned = None
+    if plan.screen and screen is not None:
+        metrics, stopped = measure_screen(server.base_url, plan, deadline, phase, measurement)
+        runs = [metrics]
+        pruned = (f"SLA surely broken in the screening run ({stopped})" if stopped
+                  else screen(metrics))
+    samples: list = []
+    workloads = []
+    if pruned:
+        phase(f"pruned: {pruned}")
+    else:
+        sampler = MetricsSampler(server.base_url).start()
+        if plan.saturation is not None:
+            measurement.watch = SaturationWatch(sampler.snapshot, plan.saturation)
+        try:
+            if plan.workloads:
+                workloads = measure_workloads(server.base_url, plan, deadline, phase,
+                                              measurement, lambda: reset_prefix_cache(server))
+                metrics = aggregate_metrics(workloads, plan.aggregate)
+                runs = [metrics]
+            elif plan.capacity is None:
+                runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
+                metrics = combine(runs, COUNT_METRICS + SESSION_COUNTS, PEAK_METRICS)
+            else:
+                metrics = measure_capacity(server.base_url, plan, deadline, phase,
+                                           measurement, lambda: _check_still_serving(server))
+                runs = [metrics]
+        finally:
+            measurement.watch = None
+            samples = sampler.stop().samples
+    times["bench_s"] = clock() - t_load
+    _check_still_serving(server)
+    if metrics["completed"] == 0:
+        records = [r for step in measurement.steps for r in step.records]
+        first = next((r.error for r in records if r.error), "")
+        raise TrialError("load_failed", f"all {len(records)} requests failed: {first}")
+    quality = None
+    if probe is not None and not pruned:
+        phase("quality probe")
+        quality = probe(server.base_url)
+    return _Measured(metrics, runs, samples, workloads, pruned, quality)
+
+
 def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list[str]],
               plan: LoadPlan, log_path: Path, wanted: Sequence[dict[str, float]],
               phase: Phase = lambda _: None, on_placed: Callable[[], None] = lambda: None,
@@ -161,7 +230,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
               reuse: Reused | None = None,
               screen: Callable[[dict[str, float]], str | None] | None = None,
               unit: int = 1,
-              probe: Callable[[str], QualityVerdict] | None = None) -> TrialOutcome:
+              probe: Callable[[str], QualityVerdict] | None = None,
+              gate: ShareGate = OPEN) -> TrialOutcome:
     """Run one trial; every failure comes back as `fail_reason` with the server log tail.
 
     `stop_later`: after a successful measurement, hand the server to it instead of stopping
@@ -176,25 +246,35 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     `unit`: consecutive bundles that must share a node (placement.node_unit).
     `probe`: after a full measured run (not after a pruning screen), called with the server's
     base URL while it still serves: the quality probe (framework.sweep.quality_gate); its
-    verdict goes to `TrialOutcome.quality`, a TrialError it raises fails the trial."""
+    verdict goes to `TrialOutcome.quality`, a TrialError it raises fails the trial.
+    `gate`: start-up and stops are its busy work, warm-up through the probe its measurement
+    (share_gate); the time spent waiting at it is `gate_wait_s`, outside the trial's deadline."""
     started_at = datetime.now(UTC)
     t0 = clock()
     argv: list[str] = []
     server: ServerHandle | None = None
-    startup_s = bench_s = placement_wait_s = launch_s = warmup_s = None
+    startup_s = placement_wait_s = launch_s = None
+    times: dict[str, float | None] = {"warmup_s": None, "bench_s": None}
     measurement = Measurement()
     deadline = Deadline(None, clock)
     ready = False
+    gate_wait_s = 0.0
+    starting = False  # inside the gate's busy work
     try:
         def remember(host: str, port: int) -> list[str]:
             argv.extend(argv_for_port(host, port))
             return argv
 
         def placed() -> None:
-            nonlocal placement_wait_s, deadline
+            nonlocal placement_wait_s, deadline, gate_wait_s, starting
             placement_wait_s = clock() - t0
-            deadline = Deadline(plan.trial_timeout_s, clock)
             on_placed()
+            if reuse is None:
+                t_gate = clock()
+                gate.enter_busy()
+                starting = True
+                gate_wait_s += clock() - t_gate
+            deadline = Deadline(plan.trial_timeout_s, clock)
 
         if reuse is not None:
             phase(f"reusing the running server (pid {reuse.server.pid}), prefix cache reset")
@@ -211,73 +291,40 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             phase(f"starting server on {', '.join(server.placement)}")
         _await_ready(server, plan.startup_timeout_s, deadline)
         ready = True
-        startup_s = clock() - t0
-        if plan.warmup:
-            phase(f"warming up ({len(plan.warmup)} requests)")
-            t_warm = clock()
-            run_once(server.base_url, plan, plan.warmup, None, lambda _: None, deadline,
-                     "warming up")
-            warmup_s = clock() - t_warm
-        t_load = clock()
-        pruned = None
-        if plan.screen and screen is not None:
-            metrics, stopped = measure_screen(server.base_url, plan, deadline, phase, measurement)
-            runs = [metrics]
-            pruned = (f"SLA surely broken in the screening run ({stopped})" if stopped
-                      else screen(metrics))
-        samples: list = []
-        workloads = []
-        if pruned:
-            phase(f"pruned: {pruned}")
-        else:
-            sampler = MetricsSampler(server.base_url).start()
-            if plan.saturation is not None:
-                measurement.watch = SaturationWatch(sampler.snapshot, plan.saturation)
-            try:
-                if plan.workloads:
-                    workloads = measure_workloads(server.base_url, plan, deadline, phase,
-                                                  measurement, lambda: reset_prefix_cache(server))
-                    metrics = aggregate_metrics(workloads, plan.aggregate)
-                    runs = [metrics]
-                elif plan.capacity is None:
-                    runs = measure_fixed(server.base_url, plan, deadline, phase, measurement)
-                    metrics = combine(runs, COUNT_METRICS + SESSION_COUNTS, PEAK_METRICS)
-                else:
-                    metrics = measure_capacity(server.base_url, plan, deadline, phase,
-                                               measurement, lambda: _check_still_serving(server))
-                    runs = [metrics]
-            finally:
-                measurement.watch = None
-                samples = sampler.stop().samples
-        bench_s = clock() - t_load
-        _check_still_serving(server)
-        if metrics["completed"] == 0:
-            records = [r for step in measurement.steps for r in step.records]
-            first = next((r.error for r in records if r.error), "")
-            raise TrialError("load_failed", f"all {len(records)} requests failed: {first}")
-        quality = None
-        if probe is not None and not pruned:
-            phase("quality probe")
-            quality = probe(server.base_url)
+        startup_s = clock() - t0 - gate_wait_s
+        if starting:
+            starting = False
+            gate.leave_busy()
+        with gate.measuring() as waited:
+            gate_wait_s += waited
+            deadline.extend(waited)
+            measured = _measure(server, plan, deadline, phase, measurement, screen, probe,
+                                clock, times)
         if stop_later is None:
             phase("stopping")
-            left = server.stop()
+            with gate.busy():
+                left = server.stop()
         else:
             phase("stopping (in the background)")
             stop_later(server)
             left = []
         return TrialOutcome(started_at=started_at, argv=tuple(argv), node_ip=server.node_ip,
                             placement=server.placement, placement_wait_s=placement_wait_s,
-                            launch_s=launch_s, startup_s=startup_s, warmup_s=warmup_s,
-                            bench_s=bench_s, trial_s=clock() - t0,
-                            metrics=metrics, runs=tuple(runs),
-                            server_metrics=summarize(samples),
+                            launch_s=launch_s, startup_s=startup_s, gate_wait_s=gate_wait_s,
+                            warmup_s=times["warmup_s"], bench_s=times["bench_s"],
+                            trial_s=clock() - t0, metrics=measured.metrics,
+                            runs=tuple(measured.runs),
+                            server_metrics=summarize(measured.samples),
                             steps=tuple(measurement.steps), leftover_pids=tuple(left),
                             server_pid=server.pid, server_reused=reuse is not None,
                             precision_stop=measurement.precision_stop,
-                            fail_reason="pruned" if pruned else None, fail_detail=pruned or "",
-                            quality=quality, workloads=tuple(workloads))
+                            fail_reason="pruned" if measured.pruned else None,
+                            fail_detail=measured.pruned or "", quality=measured.quality,
+                            workloads=tuple(measured.workloads))
     except TrialError as exc:
+        if not starting:
+            gate.enter_busy()
+        starting = True  # the stop is busy work too
         left = server.stop() if server is not None else []
         tail = log_tail(log_path)
         if ready:
@@ -289,13 +336,17 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                             node_ip=server.node_ip if server else "",
                             placement=server.placement if server else (),
                             placement_wait_s=placement_wait_s, launch_s=launch_s,
-                            startup_s=startup_s, warmup_s=warmup_s,
-                            bench_s=bench_s, trial_s=clock() - t0, fail_reason=reason,
+                            startup_s=startup_s, gate_wait_s=gate_wait_s,
+                            warmup_s=times["warmup_s"], bench_s=times["bench_s"],
+                            trial_s=clock() - t0, fail_reason=reason,
                             fail_detail=detail, log_tail=tail,
                             steps=measurement.partial(), leftover_pids=tuple(left),
                             server_pid=server.pid if server else None,
                             server_reused=reuse is not None)
-    except BaseException:
+    except BaseException:  # interrupted: stop at once, whatever is measured
         if server is not None:
             server.stop()
         raise
+    finally:
+        if starting:
+            gate.leave_busy()

@@ -1,0 +1,112 @@
+"""The share gate (framework.trial.share_gate): busy work shared, measurements alone, a waiting
+measurement ahead of new busy work; the open gate lets everything through."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from framework.trial.share_gate import OPEN
+from framework.trial.share_gate import ShareGate
+
+SETTLE_S = 0.2  # long enough for a thread that could pass the gate to have passed it
+
+
+def _in_thread(target) -> tuple[threading.Thread, threading.Event]:
+    """Run `target` in a thread; the event is set once it returns."""
+    done = threading.Event()
+
+    def run() -> None:
+        target()
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, done
+
+
+def _measure_once(gate: ShareGate, waited: list[float]) -> None:
+    with gate.measuring() as w:
+        waited.append(w)
+
+
+@pytest.mark.timeout(10)
+def test_busy_work_overlaps_busy_work():
+    gate = ShareGate()
+    gate.enter_busy()
+    _, done = _in_thread(lambda: (gate.enter_busy(), gate.leave_busy()))
+    assert done.wait(2), "a second start-up must not wait for the first"
+    gate.leave_busy()
+
+
+@pytest.mark.timeout(10)
+def test_a_measurement_waits_for_busy_work_and_reports_the_wait():
+    gate = ShareGate()
+    gate.enter_busy()
+    waited: list[float] = []
+    _, done = _in_thread(lambda: _measure_once(gate, waited))
+    assert not done.wait(SETTLE_S), "a measurement began while a server was starting"
+    gate.leave_busy()
+    assert done.wait(2)
+    assert waited[0] >= SETTLE_S
+
+
+@pytest.mark.timeout(10)
+def test_busy_work_waits_for_a_running_measurement():
+    gate = ShareGate()
+    with gate.measuring() as waited:
+        assert waited < SETTLE_S
+        _, done = _in_thread(lambda: (gate.enter_busy(), gate.leave_busy()))
+        assert not done.wait(SETTLE_S), "a server started while a measurement ran"
+    assert done.wait(2)
+
+
+@pytest.mark.timeout(10)
+def test_measurements_run_one_at_a_time():
+    gate = ShareGate()
+    waited: list[float] = []
+    with gate.measuring():
+        _, done = _in_thread(lambda: _measure_once(gate, waited))
+        assert not done.wait(SETTLE_S), "two measurements overlapped"
+    assert done.wait(2)
+
+
+@pytest.mark.timeout(10)
+def test_a_waiting_measurement_goes_before_new_busy_work():
+    gate = ShareGate()
+    gate.enter_busy()
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def measure() -> None:
+        with gate.measuring():
+            with lock:
+                order.append("measure")
+            time.sleep(SETTLE_S)
+
+    def start() -> None:
+        gate.enter_busy()
+        with lock:
+            order.append("start")
+        gate.leave_busy()
+
+    _, measured = _in_thread(measure)
+    time.sleep(SETTLE_S)  # the measurement is waiting now
+    _, started = _in_thread(start)
+    time.sleep(SETTLE_S)
+    assert order == [], "new busy work passed a waiting measurement"
+    gate.leave_busy()
+    assert measured.wait(2) and started.wait(2)
+    assert order == ["measure", "start"]
+
+
+@pytest.mark.timeout(10)
+def test_the_open_gate_lets_everything_through_at_once():
+    OPEN.enter_busy()
+    with OPEN.measuring() as waited, OPEN.measuring() as again:
+        assert (waited, again) == (0.0, 0.0)
+        with OPEN.busy():
+            pass
+    OPEN.leave_busy()

@@ -1,0 +1,111 @@
+"""Start-ahead (`cluster.start_ahead`) in the runner, against FakeEngine servers without Ray:
+servers start side by side, but no server starts or stops while a trial is measured, and every
+trial is still told once with its rows (the runner contract of test_runner_contract)."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import yaml
+from rich.console import Console
+
+from framework.base.errors import ConfigError
+from framework.config.specs import SweepSpec
+from framework.sweep.loader import load
+from framework.sweep.runner import Runner
+from framework.trial.share_gate import ShareGate
+from tests.unit.test_runner_contract import Counted
+from tests.unit.test_runner_contract import FakeLauncher
+from tests.unit.test_runner_contract import _sweep
+from tests.unit.test_runner_contract import _told_once_with_rows
+
+
+class RecordingGate(ShareGate):
+    """The real gate, with the times its measurements began and ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.measured: list[tuple[float, float]] = []
+
+    @contextmanager
+    def measuring(self) -> Iterator[float]:
+        with super().measuring() as waited:
+            began = time.monotonic()
+            try:
+                yield waited
+            finally:
+                self.measured.append((began, time.monotonic()))
+
+
+class StampingLauncher(FakeLauncher):
+    """FakeLauncher that stamps each server's launch, first /health answer and stop."""
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(gpus)
+        self.stamps: list[tuple[str, float]] = []
+
+    def launch(self, *args, **kwargs):
+        began = time.monotonic()
+        server = super().launch(*args, **kwargs)
+        self.stamps.append(("launch", began))
+        stop = server.stop
+
+        def stamped_stop() -> list[int]:
+            self.stamps.append(("stop", time.monotonic()))
+            return stop()
+
+        server.stop = stamped_stop  # type: ignore[method-assign]
+        return server
+
+
+def _with_start_ahead(path, n: int) -> None:
+    doc = yaml.safe_load(path.read_text())
+    doc["cluster"] = {"start_ahead": n}
+    path.write_text(yaml.safe_dump(doc))
+
+
+@pytest.mark.timeout(120)
+def test_servers_start_side_by_side_and_each_trial_is_measured_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_STARTUP_S", "0.5")  # start-ups long enough to overlap
+    path = _sweep(tmp_path, "ahead", {"max-num-seqs": {"type": "categorical",
+                                                        "choices": [4, 8, 16, 32]}},
+                  reuse=False, n_trials=4)
+    _with_start_ahead(path, 1)
+    gate, launcher = RecordingGate(), StampingLauncher(gpus=2)
+    runner = Runner(load(path), launcher, Console(file=io.StringIO(), width=200), gate=gate)
+    counted = Counted(runner.tuner)
+    runner.run(4)
+    trials = _told_once_with_rows(runner, counted, 4)
+    assert (trials["state"] == "COMPLETE").all()
+    assert launcher.most_held == 2, "the next trial's server did not start ahead"
+    assert len(gate.measured) == 4
+    spans = sorted(gate.measured)
+    for (_, end), (begin, _) in zip(spans, spans[1:]):
+        assert end <= begin, "two trials were measured at once"
+    for what, t in launcher.stamps:
+        inside = [s for s in spans if s[0] < t < s[1]]
+        assert not inside, f"a server {what} happened during a measurement"
+    assert (trials["gate_wait_s"] >= 0).all() and trials["gate_wait_s"].max() > 0.1
+
+
+@pytest.mark.timeout(60)
+def test_start_ahead_is_refused_on_the_gpu_engine(tmp_path):
+    path = _sweep(tmp_path, "gpu", {"max-num-seqs": {"type": "categorical", "choices": [4]}},
+                  reuse=False, n_trials=1)
+    doc = yaml.safe_load(path.read_text())
+    doc.update(engine="gpu", gpu="H100", cluster={"start_ahead": 1})
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="start_ahead"):
+        load(path)
+
+
+@pytest.mark.parametrize(("start_ahead", "engine", "expected"),
+                         [(0, "cpu", 1), (2, "cpu", 3), (1, "fake", 2), (0, "fake", None)])
+def test_start_ahead_sets_how_many_trials_run_at_once(start_ahead, engine, expected):
+    spec = SweepSpec.model_validate({"name": "x", "model": "m", "search_space": "s.yaml",
+                                     "engine": engine, "cluster": {"start_ahead": start_ahead}})
+    assert spec.concurrent_trials == expected
