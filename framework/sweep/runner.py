@@ -310,6 +310,7 @@ class Runner:
     def _interrupt(self, loop: _Loop) -> None:
         """The loop was interrupted: stop every server and wait, then record the trials in
         flight as FAIL(interrupted) (queued again if the sweep says so)."""
+        self._gate.cancel()
         self.launcher.stop_all()
         self._pool.join()
         for fut, running in loop.running.items():

@@ -166,6 +166,11 @@ class _Measured:
     quality: QualityVerdict | None
 
 
+def _check_not_cancelled(gate: ShareGate) -> None:
+    if gate.cancelled:
+        raise TrialError("interrupted", "the sweep stopped while the trial waited for its turn")
+
+
 def _measure(server: ServerHandle, plan: LoadPlan, deadline: Deadline, phase: Phase,
              measurement: Measurement, screen: Callable[[dict[str, float]], str | None] | None,
              probe: Callable[[str], QualityVerdict] | None, clock: Callable[[], float],
@@ -286,6 +291,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             phase(f"waiting for {len(wanted)} bundle(s)" if len(wanted) > 1
                   else "starting server")
             server = launcher.launch(remember, log_path, wanted, placed, unit=unit)
+            _check_not_cancelled(gate)
         launch_s = clock() - t0
         if len(wanted) > 1 and reuse is None:
             phase(f"starting server on {', '.join(server.placement)}")
@@ -296,6 +302,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             starting = False
             gate.leave_busy()
         with gate.measuring() as waited:
+            _check_not_cancelled(gate)
             gate_wait_s += waited
             deadline.extend(waited)
             measured = _measure(server, plan, deadline, phase, measurement, screen, probe,

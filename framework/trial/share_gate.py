@@ -9,6 +9,9 @@ A waiting measurement goes first: busy work asking to enter waits behind it, so 
 start-ups and stops cannot starve it. A ready server idles while another one is measured; what
 that costs the measured run is benchmarked (benchmarks/start_ahead.py), not assumed.
 
+`cancel()` (the sweep is interrupted) lets every waiter through at once; callers check
+`cancelled` after a wait and stop instead of going on.
+
 `OPEN` is the gate without start-ahead: every call passes at once (one trial at a time, or
 trials on devices of their own).
 """
@@ -29,10 +32,17 @@ class ShareGate:
         self._busy = 0
         self._measuring = False
         self._waiting = 0  # measurements asking to start
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._cond:
+            self.cancelled = True
+            self._cond.notify_all()
 
     def enter_busy(self) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: not self._measuring and self._waiting == 0)
+            self._cond.wait_for(lambda: self.cancelled or (not self._measuring
+                                                           and self._waiting == 0))
             self._busy += 1
 
     def leave_busy(self) -> None:
@@ -55,7 +65,8 @@ class ShareGate:
         with self._cond:
             self._waiting += 1
             try:
-                self._cond.wait_for(lambda: not self._measuring and self._busy == 0)
+                self._cond.wait_for(lambda: self.cancelled or (not self._measuring
+                                                               and self._busy == 0))
             finally:
                 self._waiting -= 1
             self._measuring = True
@@ -68,7 +79,11 @@ class ShareGate:
 
 
 class OpenGate(ShareGate):
-    """Lets everything through at once: the behaviour without start-ahead."""
+    """Lets everything through at once: the behaviour without start-ahead. Never cancelled
+    (one instance serves every sweep in the process)."""
+
+    def cancel(self) -> None:
+        return None
 
     def enter_busy(self) -> None:
         return None

@@ -110,3 +110,18 @@ def test_the_open_gate_lets_everything_through_at_once():
         with OPEN.busy():
             pass
     OPEN.leave_busy()
+
+
+@pytest.mark.timeout(10)
+def test_cancel_lets_every_waiter_through_and_says_so():
+    gate = ShareGate()
+    waited: list[float] = []
+    with gate.measuring():
+        _, started = _in_thread(lambda: (gate.enter_busy(), gate.leave_busy()))
+        _, measured = _in_thread(lambda: _measure_once(gate, waited))
+        assert not started.wait(SETTLE_S) and not measured.wait(0.01)
+        gate.cancel()
+        assert started.wait(2) and measured.wait(2)
+    assert gate.cancelled
+    OPEN.cancel()
+    assert not OPEN.cancelled, "the shared open gate must never be cancelled"

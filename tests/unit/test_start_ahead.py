@@ -109,3 +109,24 @@ def test_start_ahead_sets_how_many_trials_run_at_once(start_ahead, engine, expec
     spec = SweepSpec.model_validate({"name": "x", "model": "m", "search_space": "s.yaml",
                                      "engine": engine, "cluster": {"start_ahead": start_ahead}})
     assert spec.concurrent_trials == expected
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupt_while_trials_wait_at_the_gate_stops_every_server(tmp_path, monkeypatch):
+    """Ctrl-C once two servers were launched: the one waiting for its turn is not left
+    running, and every asked trial is told once (COMPLETE or interrupted)."""
+    monkeypatch.setenv("FAKE_ENGINE_STARTUP_S", "0.5")
+    path = _sweep(tmp_path, "ahead-stop", {"max-num-seqs": {"type": "categorical",
+                                                            "choices": [4, 8, 16, 32]}},
+                  reuse=False, n_trials=4)
+    _with_start_ahead(path, 1)
+    launcher = StampingLauncher(gpus=2)
+    runner = Runner(load(path), launcher, Console(file=io.StringIO(), width=200))
+    counted = Counted(runner.tuner, interrupt=lambda: len(launcher.servers) >= 2)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(4)
+    trials = _told_once_with_rows(runner, counted, len(counted.asked))
+    for _, row in trials.iterrows():
+        assert row["state"] == "COMPLETE" or row["fail_reason"] == "interrupted", dict(row)
+    assert all(s.stops >= 1 and not s.is_alive() for s in launcher.servers)
+    assert launcher.held == 0
