@@ -1,0 +1,144 @@
+"""Start-ahead on the CPU engine (issue #19): the quickstart space with `cluster.start_ahead` 0
+(today) and 1, alternated in one run, each a real `vllm-sweep run` on a private local Ray.
+
+    .venv/bin/python benchmarks/start_ahead.py [--rounds 3] [--trials 4] [--no-doc]
+
+The sweep is sweeps/quickstart.yaml with the random sampler (seed 0: both variants measure the
+same configurations in the same order, so their throughputs pair up), `--trials` trials, the
+baseline and no re-measurement (baseline_repeats 0, confirm_top 0, one run per trial), written
+to a temp dir with its own results_dir. Per run:
+- wall_s: the command's wall time; span_s: first trial start to last trial end (rows);
+- startup_s: each trial's own start-up (placement to /health; gate waits excluded), median;
+- measured_s: warm-up + load per trial, summed; load_s: the measured load alone (bench_s), summed;
+- efficiency = load_s / wall_s (the issue's measure), and per-trial wall = wall_s / trials;
+- throughput: each trial's output tok/s, paired by trial number across the two variants.
+Appends the tables to docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+try:
+    from record import ROOT
+    from record import append_section
+    from record import uptime
+except ModuleNotFoundError:  # imported as benchmarks.start_ahead
+    from benchmarks.record import ROOT
+    from benchmarks.record import append_section
+    from benchmarks.record import uptime
+
+VARIANTS = {"today": 0, "start_ahead": 1}
+
+
+def sweep_file(folder: Path, name: str, start_ahead: int, trials: int) -> Path:
+    doc = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
+    doc.update(name=name, model=str(ROOT / doc["model"]),
+               search_space=str(ROOT / doc["search_space"]),
+               results_dir=str(folder / "results"))
+    doc["search"] = {"sampler": "random", "seed": 0, "n_trials": trials, "baseline": True,
+                     "baseline_repeats": 0, "confirm_top": 0}
+    doc.setdefault("cluster", {})["start_ahead"] = start_ahead
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_one(folder: Path, variant: str, round_: int, trials: int) -> dict:
+    name = f"sa-{variant}-{round_}"
+    path = sweep_file(folder, name, VARIANTS[variant], trials)
+    t0 = time.monotonic()
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "vllm-sweep"), "run", str(path)],
+                          capture_output=True, text=True, timeout=3600, check=False)
+    wall = time.monotonic() - t0
+    if done.returncode != 0:
+        sys.exit(f"{name}: vllm-sweep run exited {done.returncode}:\n{done.stderr[-3000:]}")
+    rows = pd.read_parquet(folder / "results" / name / "trials").sort_values("trial_number")
+    ends = rows["started_at"] + pd.to_timedelta(rows["trial_s"], unit="s")
+    ok = rows[rows["state"] == "COMPLETE"]
+    load = float(ok["bench_s"].sum())
+    return {"variant": variant, "round": round_, "wall_s": wall,
+            "span_s": (ends.max() - rows["started_at"].min()).total_seconds(),
+            "trials": len(rows), "complete": len(ok),
+            "startup_s": float(rows["startup_s"].median()),
+            "gate_wait_s": float(rows["gate_wait_s"].median()),
+            "measured_s": float((ok["warmup_s"].fillna(0) + ok["bench_s"]).sum()),
+            "load_s": load, "efficiency": load / wall, "per_trial_s": wall / len(rows),
+            "throughput": dict(zip(ok["trial_number"], ok["output_throughput"]))}
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]"
+
+
+def tables(runs: list[dict]) -> str:
+    lines = ["| variant | round | wall s | span s | trials | median start-up s | median gate "
+             "wait s | measured s | load s | efficiency | wall per trial s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['variant']} | {r['round']} | {r['wall_s']:.0f} | {r['span_s']:.0f} | "
+                     f"{r['complete']}/{r['trials']} | {r['startup_s']:.1f} | "
+                     f"{r['gate_wait_s']:.1f} | {r['measured_s']:.0f} | {r['load_s']:.0f} | "
+                     f"{r['efficiency']:.3f} | {r['per_trial_s']:.1f} |")
+    by = {v: [r for r in runs if r["variant"] == v] for v in VARIANTS}
+    old, new = by["today"], by["start_ahead"]
+    lines += ["", "| measure | today, median [range] | start-ahead | ratio new/old per round "
+              "(median [range]) |", "|---|---|---|---|"]
+    for key, label in (("wall_s", "wall s"), ("startup_s", "median start-up s"),
+                       ("per_trial_s", "wall per trial s"), ("efficiency", "efficiency")):
+        ratios = [n[key] / o[key] for o, n in zip(old, new)]
+        lines.append(f"| {label} | {spread([r[key] for r in old])} | "
+                     f"{spread([r[key] for r in new])} | {spread(ratios)} |")
+    paired = [n["throughput"][t] / o["throughput"][t] for o, n in zip(old, new)
+              for t in o["throughput"] if t in n["throughput"]]
+    within = [o2["throughput"][t] / o1["throughput"][t] for o1, o2 in zip(old, old[1:])
+              for t in o1["throughput"] if t in o2["throughput"]]
+    lines.append(f"| output tok/s, same configuration: start-ahead / today | "
+                 f"{len(paired)} pairs | | {spread(paired)} |")
+    if within:
+        lines.append(f"| output tok/s, same configuration: today / today (noise) | "
+                     f"{len(within)} pairs | | {spread(within)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--no-doc", action="store_true")
+    args = parser.parse_args()
+    started, load_before = datetime.now(UTC), uptime()
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="start-ahead-") as tmp:
+        for i in range(args.rounds):
+            order = list(VARIANTS) if i % 2 == 0 else list(VARIANTS)[::-1]
+            for variant in order:
+                runs.append(run_one(Path(tmp), variant, i, args.trials))
+                r = runs[-1]
+                print(f"{variant} round {i}: wall {r['wall_s']:.0f} s, start-up "
+                      f"{r['startup_s']:.1f} s, efficiency {r['efficiency']:.3f}", flush=True)
+    runs.sort(key=lambda r: (r["round"], r["variant"]))
+    text = tables(runs)
+    print(text)
+    if not args.no_doc:
+        append_section(
+            "Start-ahead on the CPU engine (issue #19)",
+            f"`benchmarks/start_ahead.py --rounds {args.rounds} --trials {args.trials}`: the "
+            "quickstart space (random sampler, seed 0, baseline, no re-measurement) with "
+            "cluster.start_ahead 0 and 1, alternated. Efficiency = measured load time / wall "
+            f"time. Load before: `{load_before}`; after: `{uptime()}`.", text, started)
+
+
+if __name__ == "__main__":
+    main()
