@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 
-from framework.base.errors import TrialError
 from framework.load.conversations import is_sessions
 from framework.load.conversations import turn_count
 from framework.load.loadgen import LoadResult
@@ -38,6 +37,7 @@ from framework.trial.capacity import CapacitySettings
 from framework.trial.capacity import capacity
 from framework.trial.capacity import next_rate
 from framework.trial.capacity import requests_for
+from framework.trial.deadline import Deadline
 from framework.trial.objective import by_class
 from framework.trial.objective import evaluate
 from framework.trial.objective import per_device
@@ -49,30 +49,6 @@ from framework.trial.saturation import SaturationVerdict
 from framework.trial.saturation import SaturationWatch
 
 Phase = Callable[[str], None]
-
-
-class Deadline:
-    """The whole-trial deadline, checked by the trial's own thread between and within phases
-    (no timer thread: stopping a server from another thread raced Ray's shutdown)."""
-
-    def __init__(self, limit_s: float | None, clock: Callable[[], float]) -> None:
-        self.limit_s, self.clock = limit_s, clock
-        self.at = math.inf if limit_s is None else clock() + limit_s
-
-    def left(self) -> float:
-        return self.at - self.clock()
-
-    def extend(self, seconds: float) -> None:
-        """Move the deadline by `seconds` (time the trial spent waiting for its turn)."""
-        self.at += seconds
-
-    def bound(self, timeout_s: float) -> float:
-        return max(0.0, min(timeout_s, self.left()))
-
-    def check(self, doing: str) -> None:
-        if self.left() <= 0:
-            raise TrialError("trial_timeout", f"trial exceeded its {self.limit_s:g} s deadline "
-                             f"while {doing}")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from framework.engine.vllm_server import startup_failure
 from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import wait_ready
 from framework.load.session_metrics import SESSION_COUNTS
-from framework.trial.measure import Deadline
+from framework.trial.deadline import Deadline
 from framework.trial.measure import LoadPlan
 from framework.trial.measure import LoadStep
 from framework.trial.measure import Measurement
@@ -70,7 +70,9 @@ class ServerLauncher(Protocol):
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[dict[str, float]],
                on_placed: Callable[[], None] = lambda: None, unit: int = 1) -> ServerHandle:
-        """`unit`: consecutive bundles of `wanted` that must share a node."""
+        """`unit`: consecutive bundles of `wanted` that must share a node. `on_placed` is
+        called once the devices are reserved (or their wait ended), before the server starts:
+        start-ahead's share gate waits in it."""
 
 
 @dataclass(frozen=True)

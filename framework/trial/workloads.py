@@ -27,7 +27,7 @@ from framework.base.vocabulary import COUNT_METRICS
 from framework.base.vocabulary import THROUGHPUT_METRICS
 from framework.base.vocabulary import split_class_key
 from framework.config.specs import ObjectiveSpec
-from framework.trial.measure import Deadline
+from framework.trial.deadline import Deadline
 from framework.trial.measure import LoadPlan
 from framework.trial.measure import Measurement
 from framework.trial.measure import Phase

@@ -89,8 +89,8 @@ class FakeServer:
 
 class FakeLauncher:
     """runner.ClusterLauncher on one pretend node with `gpus` devices: a launch waits until
-    its devices are free (as a placement group does), starts a FakeEngine, then reports the
-    trial placed. `refuse` names a launch to fail: its argv -> the reason it fails, or None."""
+    its devices are free (as a placement group does), reports the trial placed, then starts a
+    FakeEngine. `refuse` names a launch to fail: its argv -> the reason it fails, or None."""
 
     def __init__(self, gpus: int, refuse: Callable[[list[str]], str | None] = lambda _: None
                  ) -> None:
@@ -136,10 +136,10 @@ class FakeLauncher:
             self.refused.append(argv)
             on_placed()
             raise TrialError(reason, f"fake launcher refuses {' '.join(argv[2:-4])}")
+        on_placed()  # as RayLauncher: placed, then the server starts (start-ahead waits here)
         server = FakeServer(argv, port, log_path, len(wanted), devices, self._release)
         with self._cond:
             self.servers.append(server)
-        on_placed()  # after the server started: a trial placed always has one
         return server
 
     def stop_all(self) -> None:
