@@ -2,6 +2,7 @@
 (today) and 1, alternated in one run, each a real `vllm-sweep run` on a private local Ray.
 
     .venv/bin/python benchmarks/start_ahead.py [--rounds 3] [--trials 4] [--no-doc]
+    .venv/bin/python benchmarks/start_ahead.py --neighbour [--rounds 4] [--no-doc]
 
 The sweep is sweeps/quickstart.yaml with the random sampler (seed 0: both variants measure the
 same configurations in the same order, so their throughputs pair up), `--trials` trials, the
@@ -12,6 +13,12 @@ to a temp dir with its own results_dir. Per run:
 - measured_s: warm-up + load per trial, summed; load_s: the measured load alone (bench_s), summed;
 - efficiency = load_s / wall_s (the issue's measure), and per-trial wall = wall_s / trials;
 - throughput: each trial's output tok/s, paired by trial number across the two variants.
+`--neighbour` asks the question start-ahead's rule leaves open: does a ready, idle vLLM server
+(the next trial's, waiting for its turn) change what is measured on another? One `vllm serve`
+A (the quickstart's server flags) is measured with the quickstart's load (`vllm-sweep bench`,
+200 prompts 128/64, concurrency 32, temperature 0, a new seed each run) with a second idle
+server B up and without it, alternated `--rounds` times; B is started or stopped 10 s before
+the run, never during it. Output tok/s and median TPOT per run, and B's CPU seconds per run.
 Appends the tables to docs/BENCHMARKS.md.
 """
 
@@ -32,6 +39,7 @@ import yaml
 
 try:
     from record import ROOT
+    sys.path.insert(0, str(Path(__file__).parent))
     from record import append_section
     from record import uptime
 except ModuleNotFoundError:  # imported as benchmarks.start_ahead
@@ -112,13 +120,84 @@ def tables(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def neighbour_runs(rounds: int) -> str:
+    """A measured with B idle vs without B, alternated; see the module docstring."""
+    import json
+
+    import psutil
+    from loadgen_parity import MODEL
+    from loadgen_parity import VllmServer
+
+    extra = ("--max-model-len", "512")
+
+    def cpu_s(pid: int) -> float:
+        root = psutil.Process(pid)
+        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+
+    def bench(url: str, seed: int, out: Path) -> dict:
+        argv = [str(ROOT / ".venv" / "bin" / "vllm-sweep"), "bench", "--base-url", url,
+                "--model", str(MODEL), "--dataset-name", "random", "--random-input-len", "128",
+                "--random-output-len", "64", "--num-prompts", "200", "--max-concurrency", "32",
+                "--temperature", "0", "--seed", str(seed), "--result-json", str(out)]
+        subprocess.run(argv, check=True, capture_output=True, timeout=900)
+        return json.loads(out.read_text())
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="neighbour-") as tmp:
+        folder = Path(tmp)
+        with VllmServer(MODEL, folder / "a.log", extra) as a:
+            bench(a.base_url, 999, folder / "warm.json")
+            b = None
+            for i in range(2 * rounds):
+                want_b = (i % 2 == 0) == (i // 2 % 2 == 0)  # with, without, without, with, ...
+                if want_b and b is None:
+                    b = VllmServer(MODEL, folder / f"b{i}.log", extra).__enter__()
+                elif not want_b and b is not None:
+                    b.stop()
+                    b = None
+                time.sleep(10)
+                b_before = cpu_s(b.pid) if b else 0.0
+                result = bench(a.base_url, i, folder / f"run{i}.json")
+                rows.append({"with_b": want_b, "tok_s": result["output_throughput"],
+                             "tpot": result["median_tpot_ms"], "failed": result["failed"],
+                             "b_cpu_s": (cpu_s(b.pid) - b_before) if b else None})
+                print(f"run {i} {'with' if want_b else 'without'} B: "
+                      f"{rows[-1]['tok_s']:.0f} tok/s, TPOT {rows[-1]['tpot']:.2f} ms", flush=True)
+            if b is not None:
+                b.stop()
+    lines = ["| run | idle neighbour B | output tok/s | median TPOT ms | failed | B's CPU s |",
+             "|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        lines.append(f"| {i} | {'up' if r['with_b'] else 'none'} | {r['tok_s']:.0f} | "
+                     f"{r['tpot']:.2f} | {r['failed']} | "
+                     f"{'' if r['b_cpu_s'] is None else format(r['b_cpu_s'], '.2f')} |")
+    up = [r for r in rows if r["with_b"]]
+    none = [r for r in rows if not r["with_b"]]
+    lines += ["", "| measure | B up, median [range] | no B | B up / no B |", "|---|---|---|---|"]
+    for key, label in (("tok_s", "output tok/s"), ("tpot", "median TPOT ms")):
+        u, n = [r[key] for r in up], [r[key] for r in none]
+        lines.append(f"| {label} | {spread(u)} | {spread(n)} | "
+                     f"{statistics.median(u) / statistics.median(n):.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--no-doc", action="store_true")
+    parser.add_argument("--neighbour", action="store_true",
+                        help="measure one server with an idle second server up vs not")
     args = parser.parse_args()
     started, load_before = datetime.now(UTC), uptime()
+    if args.neighbour:
+        text = neighbour_runs(args.rounds)
+        print(text)
+        if not args.no_doc:
+            append_section("An idle ready server beside a measured one (start-ahead, #19)",
+                           f"`benchmarks/start_ahead.py --neighbour --rounds {args.rounds}`. "
+                           f"Load before: `{load_before}`; after: `{uptime()}`.", text, started)
+        return
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="start-ahead-") as tmp:
         for i in range(args.rounds):

@@ -30,6 +30,9 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
     marker = new_marker()
     env = cli_env(marker, short_tmp)
     sweep = write_sweep(short_tmp, tiny_model, n_trials=2)
+    doc = yaml.safe_load(sweep.read_text())
+    doc["cluster"] = {"start_ahead": 1}  # both servers start side by side, each measured alone
+    sweep.write_text(yaml.safe_dump(doc))
     try:
         first = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=600)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -43,6 +46,10 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
         assert list(trials["is_baseline"]) == [True, False]
         assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason", "fail_detail"]]
         baseline, tuned = trials.iloc[0], trials.iloc[1]
+        # Start-ahead on real Ray: trial 1's server was started before trial 0 ended, and one
+        # of them waited, ready, while the other was measured (share_gate's rule, unit-tested).
+        assert tuned["started_at"] < baseline["started_at"] + pd.Timedelta(seconds=baseline["trial_s"])
+        assert trials["gate_wait_s"].max() > 0.5, trials[["gate_wait_s", "startup_s", "bench_s"]]
         # The baseline passes none of the tuned flags; the tuned trial passes all four.
         assert "--max-num-seqs" not in list(baseline["vllm_argv"])
         assert "--max-num-seqs" in list(tuned["vllm_argv"])
