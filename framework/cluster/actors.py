@@ -43,8 +43,9 @@ CACHE_DIR_VAR = "VLLM_SWEEP_CACHE_DIR"
 
 
 def devices_seen() -> dict:
-    """What this process holds and sees: Ray's GPU ids and CUDA_VISIBLE_DEVICES (None: unset)."""
-    return {"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
+    """What this process holds and sees: Ray's GPU ids and CUDA_VISIBLE_DEVICES (None: unset),
+    and its niceness."""
+    return {"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "nice": os.nice(0),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ray
+from ray._private.ray_constants import RAY_WORKER_NICENESS
 from ray.util.placement_group import PlacementGroup
 from ray.util.placement_group import placement_group
 from ray.util.placement_group import placement_group_table
@@ -99,6 +100,10 @@ class RayLauncher:
         session id, and the cache directory with `~` left for each node's $HOME (Ray expands
         `${HOME}` in runtime_env env_vars on the node)."""
         env = {k: v for k, v in self.env.items() if k != "VLLM_TARGET_DEVICE"}
+        # Ray starts worker processes at niceness 15; a server runs at 0, as `vllm serve` does
+        # and as Ray runs its own job supervisor (ray/dashboard/modules/job/job_manager.py).
+        # vLLM's Ray workers, child actors, inherit this runtime_env.
+        env[RAY_WORKER_NICENESS] = "0"
         if env.get(CACHE_DIR_VAR, "").startswith("~"):
             env[CACHE_DIR_VAR] = "${HOME}" + env[CACHE_DIR_VAR][1:]
         if os.environ.get(SESSION_VAR):

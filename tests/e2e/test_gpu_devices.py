@@ -17,6 +17,7 @@ are free) the test asserts:
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import defaultdict
@@ -139,6 +140,8 @@ def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, f
         holders = sorted((e for e in evs if e["bundle"] is not None), key=lambda e: e["bundle"])
         assert len(api) == 1 and len({e["group"] for e in evs}) == 1, evs
         assert [e["bundle"] for e in holders] == list(range(tp * pp)), evs
+        for e in holders + api:  # at the driver's priority, not Ray workers' niceness 15
+            assert e["nice"] == os.nice(0), e
         for e in holders:  # Ray's id for the bundle's fake GPU, and exactly it is visible
             assert len(e["gpu_ids"]) == 1 and e["cuda_visible_devices"] == e["gpu_ids"][0], e
         if tp * pp == 1:
