@@ -31,6 +31,8 @@ from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
 from framework.config.search_spec import SearchSpec
 from framework.config.spec_base import NAME as _NAME
 from framework.config.spec_base import Spec as _Spec
+from framework.config.target_spec import PricingSpec
+from framework.config.target_spec import TargetSpec
 from framework.config.workload_spec import NamedWorkloadSpec
 from framework.config.workload_spec import WorkloadSpec
 from framework.config.workloads_spec import first_workload
@@ -193,6 +195,8 @@ class SweepSpec(_Spec):
     capacity: CapacitySpec | None = None
     cluster: ClusterSpec = ClusterSpec()
     results_dir: Path = Path("results")
+    target: TargetSpec | None = None  # the load a deployment must carry (framework.fleet)
+    pricing: PricingSpec = PricingSpec()
 
     @property
     def concurrent_trials(self) -> int | None:
@@ -297,6 +301,13 @@ class SweepSpec(_Spec):
             if parsed is not None and parsed.stat.startswith("p") and metric not in have:
                 raise ValueError(f"{key} needs percentile {parsed.percentile:g} in "
                                  f"workload.percentiles {list(self.workload.percentiles)}")
+        return self
+
+    @model_validator(mode="after")
+    def _target_from_trace(self) -> SweepSpec:
+        if self.target is not None and self.target.from_trace \
+                and any(w.dataset != "timed_trace" for w in (self.workload, *self.workloads)):
+            raise ValueError("target.from_trace needs every workload's dataset to be timed_trace")
         return self
 
 
