@@ -156,11 +156,19 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_timed(argv: list[str], timeout_s: float = 600.0) -> tuple[str, float]:
-    """Run a client to completion; its stdout and its whole-process CPU seconds."""
+def run_timed(argv: list[str], timeout_s: float = 600.0,
+              nice: int | None = None) -> tuple[str, float]:
+    """Run a client to completion; its stdout and its whole-process CPU seconds. `nice`: the
+    client's absolute niceness (e.g. -10: ahead of the server it shares the cores with, as a
+    client on its own machine would be)."""
     before = children_cpu_s()
+
+    def _priority() -> None:
+        if nice is not None:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+
     proc = subprocess.run(argv, env={**os.environ, **SERVER_ENV}, capture_output=True,
-                          text=True, timeout=timeout_s, cwd=ROOT)
+                          text=True, timeout=timeout_s, cwd=ROOT, preexec_fn=_priority)
     cpu = children_cpu_s() - before
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[:3]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"

@@ -2,7 +2,7 @@
 bench --dataset-name timed_trace` on ONE vLLM CPU server and the same trace file.
 
     .venv/bin/python benchmarks/trace_parity.py [--runs 3] [--speed-ups 1,3]
-        [--trace datasets/mooncake_sample.jsonl] [--num-prompts 150] [--no-doc]
+        [--trace datasets/mooncake_sample.jsonl] [--num-prompts 150] [--no-doc] [--client-nice N]
 
 One `vllm serve models/tiny-llama --enforce-eager --max-model-len 1024` with fine histogram
 buckets (loadgen_parity.VllmServer, stopped in a finally), warmed up by 30 requests. Per
@@ -105,7 +105,7 @@ def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, r
                 *workload(args, speed_up), "--seed", str(run), "--result-json", str(out)]
     hits0, queries0 = prefix_counters(url)
     before = scrape(url)
-    run_timed(argv)
+    run_timed(argv, nice=args.client_nice)
     after = scrape(url)
     hits1, queries1 = prefix_counters(url)
     result = json.loads(out.read_text())
@@ -173,6 +173,9 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=150)
     parser.add_argument("--save-runs", default=None, help="write every run's row to this JSON")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave BENCHMARKS.md")
+    parser.add_argument("--client-nice", type=int, default=None,
+                        help="both clients' niceness (e.g. -10: ahead of the server on the "
+                             "shared cores, as on a client machine of their own)")
     args = parser.parse_args()
     speeds = [float(s) for s in args.speed_ups.split(",")]
     command = "benchmarks/trace_parity.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
