@@ -65,7 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             host = "127.0.0.1" if session.is_local else "node"
         key = sweep_mod.api_key(spec)
         launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine,
-                               secret_env={"VLLM_API_KEY": key} if key else None)
+                               secret_env={"VLLM_API_KEY": key} if key else None,
+                               read_ahead=sweep_mod.read_ahead_dir(spec))
         runner = Runner(sw, launcher, console)
         target = max(runner.tuner.finished(), spec.search.n_trials)
         if args.add_trials:

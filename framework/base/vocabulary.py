@@ -21,8 +21,12 @@ import re
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 Scalar = bool | int | float | str
+
+# Start-up levers (framework.engine.startup_levers): names a sweep may enable and a row records.
+StartupLever = Literal["cudagraph_sizes", "compile_cache", "page_cache", "load_format"]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")

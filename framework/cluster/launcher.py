@@ -30,6 +30,7 @@ from framework.cluster.actors import CACHE_DIR_VAR
 from framework.cluster.actors import OCCUPANCY_LOG_ENV
 from framework.cluster.actors import ServerActor
 from framework.cluster.driver_session import SESSION_VAR
+from framework.cluster.page_cache import start_read_ahead
 from framework.cluster.placement import Bundle
 from framework.cluster.placement import Layout
 from framework.cluster.placement import layout
@@ -79,8 +80,12 @@ class RayLauncher:
 
     def __init__(self, env: Mapping[str, str], host: str, engine: str,
                  placement_timeout_s: float = 3600.0,
-                 secret_env: Mapping[str, str] | None = None) -> None:
+                 secret_env: Mapping[str, str] | None = None,
+                 read_ahead: str | None = None) -> None:
+        """`read_ahead`: a model directory each server's node reads into its page cache while
+        the server starts (the `page_cache` start-up lever, framework.cluster.page_cache)."""
         self.env, self.host, self.engine = dict(env), host, engine
+        self.read_ahead = read_ahead
         self._secret_env = dict(secret_env or {})
         self.placement_timeout_s = placement_timeout_s
         self._lock = threading.Lock()
@@ -175,6 +180,8 @@ class RayLauncher:
             ray.kill(actor, no_restart=True)
             remove_placement_group(group)
             raise
+        if self.read_ahead:
+            start_read_ahead(self.read_ahead, info["node_id"])
         host = self.host if self.host != "node" else info["node_ip"]
         ref = actor.serve.remote(argv_for_port(host, info["port"]), info["log_path"],
                                  self.engine, self._secret_env, str(log_path))

@@ -21,6 +21,7 @@ from framework.base.vocabulary import LATENCY_METRICS
 from framework.base.vocabulary import MIN_TOKEN_AGREEMENT
 from framework.base.vocabulary import THROUGHPUT_METRICS
 from framework.base.vocabulary import Scalar
+from framework.base.vocabulary import StartupLever
 from framework.base.vocabulary import is_latency_metric
 from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import parse_latency_key
@@ -59,6 +60,9 @@ class ServerSpec(_Spec):
     space (kind: run), TPE / random trials that start a server are followed by their siblings
     (same flags, the other discrete run-setting values), which reuse it.
 
+    `startup_levers`: what may shorten a GPU server's start-up (framework.engine.startup_levers;
+    `cudagraph_sizes` is opt-in, the default ones change nothing served); inert on CPU.
+
     `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
     own IP on a joined cluster; `node` = always the node's IP; or a literal address.
     """
@@ -70,6 +74,7 @@ class ServerSpec(_Spec):
     api_key_env: str | None = None
     dummy_weights: bool = False
     reuse: bool = True
+    startup_levers: tuple[StartupLever, ...] = ("compile_cache", "page_cache", "load_format")
 
     @field_validator("api_key_env")
     @classmethod

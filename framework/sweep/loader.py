@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import os
 from collections.abc import Callable
@@ -182,6 +184,29 @@ def cache_dir(spec: SweepSpec, local: bool = True) -> str:
     if chosen:
         return chosen if chosen.startswith("~") else str(Path(chosen).resolve())
     return str(Path(".cache").resolve()) if local else "~/.cache/vllm-sweep"
+
+
+LOADER_PACKAGES = ("fastsafetensors",)  # optional loaders the load_format lever may pick
+
+
+@functools.cache
+def installed_loaders() -> frozenset[str]:
+    """The optional weight-loader packages importable by the driver (the nodes are taken to run
+    the driver's image, as `ray job submit` does)."""
+    return frozenset(n for n in LOADER_PACKAGES if importlib.util.find_spec(n) is not None)
+
+
+def has_safetensors(model: Path) -> bool:
+    return model.is_dir() and any(model.glob("*.safetensors"))
+
+
+def read_ahead_dir(spec: SweepSpec) -> str | None:
+    """The model directory the `page_cache` lever reads ahead on each server's node: on the GPU
+    engine, with the lever on, real weights, and a local model directory."""
+    if (spec.engine != "gpu" or "page_cache" not in spec.server.startup_levers
+            or spec.server.dummy_weights or not spec.model.is_dir()):
+        return None
+    return str(spec.model.resolve())
 
 
 def server_env(spec: SweepSpec, local: bool = True) -> dict[str, str]:

@@ -346,7 +346,7 @@ class Runner:
                            serve_command=plan.key, vllm_version=self.vllm_version,
                            server_log=str(server_log or self.store.log_path(p.number)),
                            feasibility=feas, sla=self.spec.sla, provenance=self.provenance,
-                           confirmation_of=p.confirm_of)
+                           confirmation_of=p.confirm_of, startup_levers=plan.levers)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         if self.spec.workloads:

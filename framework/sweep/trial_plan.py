@@ -23,9 +23,12 @@ from framework.engine.feasibility import Feasibility
 from framework.engine.server_args import serve_command
 from framework.engine.server_args import server_argv
 from framework.engine.server_args import trial_flags
+from framework.engine.startup_levers import plan_levers
 from framework.search.tuner import Proposal
 from framework.sweep.loader import Sweep
 from framework.sweep.loader import feasibility
+from framework.sweep.loader import has_safetensors
+from framework.sweep.loader import installed_loaders
 from framework.sweep.loader import with_run_settings
 from framework.trial.measure import LoadPlan
 from framework.trial.run import TrialOutcome
@@ -46,6 +49,7 @@ class TrialPlan:
     unit: int
     key: str
     load: LoadPlan
+    levers: tuple[str, ...] = ()  # start-up levers used (framework.engine.startup_levers)
 
     @property
     def number(self) -> int:
@@ -61,7 +65,11 @@ def plan_trial(sweep: Sweep, p: Proposal, load: LoadPlan) -> TrialPlan:
     flags = trial_flags(spec.server.args, sweep.space.server_params(p.params), p.is_baseline)
     shape = shape_of(flags)
     serve_flags = {**flags, "load-format": "dummy"} if spec.server.dummy_weights else flags
+    levers = plan_levers(spec.server.startup_levers, engine=spec.engine, flags=serve_flags,
+                         installed=installed_loaders(), safetensors=has_safetensors(spec.model))
+    serve_flags = {**serve_flags, **levers.flags}
     return TrialPlan(proposal=p, flags=flags, serve_flags=serve_flags, shape=shape,
+                     levers=levers.names,
                      wanted=tuple(bundles(shape, spec.engine, spec.cluster.cpus_per_worker)),
                      unit=node_unit(shape), key=serve_command(str(spec.model), flags),
                      load=with_run_settings(load, spec, sweep.space.run_settings(p.params)))
