@@ -70,6 +70,9 @@ def test_two_concurrent_tp1_trials_use_distinct_gpus(short_tmp):
     starts = [t.timestamp() for t in trials["started_at"]]
     ends = [s + float(d) for s, d in zip(starts, trials["trial_s"])]
     assert max(starts) < min(ends), "the two trials should have run at the same time"
+    # The default start-up levers on a GPU: the weights read ahead, the shared compile cache.
+    for levers in trials["startup_levers"]:
+        assert {"page_cache", "compile_cache"} <= set(levers), levers
 
 
 @pytest.mark.timeout(3600)
