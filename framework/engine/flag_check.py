@@ -6,7 +6,8 @@ the config field behind the flag (vllm/config/*.py: `Field(ge=1)`, `Field(gt=0, 
 the config classes are pydantic dataclasses, so the field's annotation and constraints give
 vLLM's own check), then the few bounds vLLM checks only once its config is built
 (AFTER_BUILD). The parser is built once per process; building it imports vLLM (seconds), so
-it is imported here lazily and nowhere else on the validation path.
+it is imported here lazily and nowhere else on the validation path, and its answers are kept
+per vLLM version (engine.flag_cache): a sweep checked before is checked without vLLM.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import contextlib
 import functools
 import io
+import os
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -25,6 +27,7 @@ from pydantic.fields import FieldInfo
 
 from framework.base.vocabulary import Scalar
 from framework.config.bounds import declared_problem
+from framework.engine import flag_cache
 from framework.engine.server_args import flag_args
 
 V0_ONLY = {
@@ -125,9 +128,14 @@ def installed_vllm() -> VllmFlags | None:
 
 def installed_vllm_flags() -> set[str] | None:
     """Every option of `vllm serve` without leading dashes (incl. `no-x` forms); None if vLLM is
-    not installed here."""
+    not installed here. Answered from engine.flag_cache when it can be."""
+    if (cached := flag_cache.get("names", None)) is not flag_cache.MISS:
+        return set(cached)
     vllm = installed_vllm()
-    return None if vllm is None else vllm.names
+    if vllm is None:
+        return None
+    flag_cache.put("names", None, sorted(vllm.names))
+    return vllm.names
 
 
 def unknown_flag(names: Iterable[str], known: set[str]) -> tuple[str, str] | None:
@@ -147,13 +155,55 @@ def parsed_value(vllm: VllmFlags, name: str, value: Scalar) -> Any:
     return getattr(namespace, dest) if dest else None
 
 
+def _names_a_file(value: Scalar) -> bool:
+    """A value vLLM may read from disk (a chat template, a tokenizer, a JSON file): its
+    answer depends on the file, not only on vLLM, so it is never cached."""
+    return isinstance(value, str) and ("/" in value or "\\" in value or os.path.exists(value))
+
+
+def _cached(kind: str, key: Any, values: Iterable[Scalar],
+            answer: Callable[[VllmFlags], Any]) -> Any:
+    """`answer(vllm)` through engine.flag_cache (not for `values` naming files); None without
+    vLLM (never cached)."""
+    pure = not any(_names_a_file(v) for v in values)
+    if pure and (cached := flag_cache.get(kind, key)) is not flag_cache.MISS:
+        return cached
+    vllm = installed_vllm()
+    if vllm is None:
+        return None
+    value = answer(vllm)
+    if pure:
+        flag_cache.put(kind, key, value)
+    return value
+
+
 def value_problem(name: str, value: Scalar) -> str | None:
     """Why the installed vLLM refuses `value` for flag `name` (None: accepted, or no vLLM
     here): the parser's type or choices, the bound its config field declares, or a bound it
     checks on the built config."""
-    vllm = installed_vllm()
-    if vllm is None:
-        return None
+    return _cached("value", [name, value], [value], lambda vllm: _value_problem(vllm, name, value))
+
+
+def parsed_number(name: str, value: Scalar) -> tuple[bool, int | float | None]:
+    """(is a number, the number) for `value` as vLLM parses it (max-model-len '1k' -> 1000);
+    (True, value) as given when vLLM is not here and `value` is a number."""
+    def answer(vllm: VllmFlags) -> list[Any]:
+        try:
+            parsed = parsed_value(vllm, name, value)
+        except vllm.rejections:
+            return [False, None]
+        number = parsed is not None and not isinstance(parsed, bool) \
+            and isinstance(parsed, int | float)
+        return [number, parsed if number else None]
+
+    found = _cached("parsed", [name, value], [value], answer)
+    if found is None:
+        number = not isinstance(value, bool) and isinstance(value, int | float)
+        return number, value if number else None
+    return bool(found[0]), found[1]
+
+
+def _value_problem(vllm: VllmFlags, name: str, value: Scalar) -> str | None:
     action = vllm.parser._option_string_actions.get("--" + name.replace("_", "-"))
     if action is not None and action.nargs == 0 and not isinstance(value, bool):
         off = f" or false (--no-{name})" \
@@ -181,11 +231,11 @@ def args_problem(args: Mapping[str, Scalar]) -> str | None:
     """Why vLLM refuses these flags together (None: accepted, or no vLLM here): parsed as one
     command line, then vLLM's serve-args check (e.g. --enable-auto-tool-choice needs
     --tool-call-parser; a chat template that cannot be read)."""
-    vllm = installed_vllm()
-    if vllm is None:
+    def answer(vllm: VllmFlags) -> str | None:
+        try:
+            vllm.check_serve_args(vllm.parse(flag_args(args)))
+        except vllm.rejections as exc:
+            return f"vLLM: {exc}"
         return None
-    try:
-        vllm.check_serve_args(vllm.parse(flag_args(args)))
-    except vllm.rejections as exc:
-        return f"vLLM: {exc}"
-    return None
+
+    return _cached("args", sorted([k, v] for k, v in args.items()), args.values(), answer)

@@ -32,8 +32,7 @@ from framework.base.vocabulary import parse_latency_key
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.config.specs import WorkloadSpec
-from framework.engine.flag_check import installed_vllm
-from framework.engine.flag_check import parsed_value
+from framework.engine.flag_check import parsed_number
 from framework.engine.model_info import read_model_info
 from framework.load.prompts import load_tokenizer
 from framework.load.prompts import num_special_tokens_to_add
@@ -175,11 +174,13 @@ def flag_values(name: str, spec: SweepSpec, space: SearchSpace) -> list[Scalar |
 def _numbers(name: str, values: Sequence[Scalar | None]) -> list[Number | None] | None:
     """The values as vLLM parses them (max-model-len '1k' -> 1000); None when one is no
     number (or vLLM is not here to parse it)."""
-    vllm = installed_vllm()
     out: list[Number | None] = []
     for value in values:
-        parsed = parsed_value(vllm, name, value) if vllm and value is not None else value
-        if parsed is not None and (isinstance(parsed, bool) or not isinstance(parsed, int | float)):
+        if value is None:
+            out.append(None)
+            continue
+        number, parsed = parsed_number(name, value)
+        if not number:
             return None
         out.append(parsed)
     return out
