@@ -14,11 +14,13 @@ import yaml
 from framework.base.errors import ConfigError
 from framework.cluster.serve_llm import check_ray_serve_config
 from framework.config.search_space import load_search_space
+from framework.config.specs import SweepSpec
 from framework.fleet.manifests import Deployment
 from framework.fleet.manifests import dns_name
 from framework.fleet.manifests import engine_kwargs
 from framework.fleet.manifests import k8s_manifests
 from framework.fleet.manifests import ray_serve_app
+from framework.results.deploy import target_rps
 from framework.results.rows import TrialContext
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
@@ -238,3 +240,13 @@ def test_export_bad_input_and_nothing_to_export(tmp_path, tiny_model, args, code
     assert res.returncode == code and res.stdout == ""
     (line,) = res.stderr.splitlines()
     assert message in line
+
+
+def test_target_from_trace_is_the_traces_mean_rate():
+    spec = SweepSpec.model_validate({
+        "name": "t", "model": str(ROOT / "models" / "tiny-llama"), "search_space": "s.yaml",
+        "workload": {"dataset": "timed_trace", "timed_trace": {"sec_multiplier": 0.001},
+                     "dataset_path": str(ROOT / "datasets" / "mooncake_sample.jsonl")},
+        "target": {"from_trace": True}})
+    # 150 requests, timestamps 56 ms .. 33447 ms: 150 / 33.391 s = 4.492 req/s
+    assert target_rps(spec) == pytest.approx(150 / 33.391)
