@@ -132,7 +132,7 @@ def test_ray_serve_llm_rejects_a_broken_config(change, reason):
 # --- the commands on stored rows -------------------------------------------------------------
 
 def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str, capacities: list[float],
-                   tok_s: float, workload_digest: str = "w" * 64, target: float = 25.0) -> Path:
+                   tok_s: float, workload_digest: str = "w" * 64, target: float | None = 25.0) -> Path:
     """A stored GPU sweep in capacity mode: trial 0 the defaults, then one trial per further
     capacity; one server each (no noise measured), so the defaults ship."""
     space = load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml")
@@ -156,7 +156,7 @@ def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str, capacities:
         "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
         "sla": {"p99_ttft_ms": 500},
         "capacity": {"start_rate": 1.0},
-        "target": {"request_rate": target, "headroom": 0.2},
+        **({"target": {"request_rate": target, "headroom": 0.2}} if target else {}),
         "results_dir": str(tmp / "results")}))
     return path
 
@@ -183,6 +183,17 @@ def test_compare_picks_the_cheapest_fleet(tmp_path, tiny_model):
     res = cli_in_process("compare", str(h100), str(l4), "--target", "5")
     assert "fleet for 5 req/s (headroom 20%): 1 replicas x 1 = 1 devices, 3.95 USD/hour" in res.stdout
     assert "cheapest: l4 (gpu L4-24GB): 2.40 USD/hour, 3 replicas" in res.stdout
+
+
+def test_without_a_target_compare_picks_the_cheapest_million_tokens(tmp_path, tiny_model):
+    # H100 3.9492 / (1000 tok/s x 3600) x 1e6 = 1.10 USD; L4 0.7992 / (250 x 3600) x 1e6 = 0.89
+    h100 = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0, target=None)
+    l4 = capacity_sweep(tmp_path, tiny_model, "l4", "L4-24GB", [2.5, 2.0], 250.0, target=None)
+    res = cli_in_process("compare", str(h100), str(l4))
+    assert res.returncode == 0 and "fleet for" not in res.stdout
+    assert res.stdout.strip().splitlines()[-1] == (
+        "cheapest: l4 (gpu L4-24GB): 0.89 USD per million output tokens; by cost per million "
+        "output tokens of one replica (no target)")
 
 
 def test_compare_refuses_sweeps_of_different_workloads(tmp_path, tiny_model):
