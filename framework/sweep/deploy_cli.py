@@ -85,7 +85,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         text = yaml.safe_dump_all(k8s_manifests(plan), sort_keys=False)
     print(f"trial {found.trial} [{found.verdict.kind}]: {found.verdict.headline}", file=sys.stderr)
     if args.out:
-        Path(args.out).write_text(text)
+        try:
+            Path(args.out).write_text(text)
+        except OSError as exc:
+            raise ConfigError("command line", "-o", args.out, exc.strerror or str(exc)) from exc
         print(f"{args.out}: {args.format}", file=sys.stderr)
     else:
         sys.stdout.write(text)

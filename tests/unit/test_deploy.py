@@ -234,6 +234,8 @@ def sweep_of(tmp: Path, tiny_model: Path) -> Path:
 def test_export_ships_what_best_ships(tmp_path, tiny_model):
     write_rows(tmp_path / "results")
     sweep = str(sweep_of(tmp_path, tiny_model))
+    res = cli_in_process("export", sweep, "--format", "json", "-o", str(tmp_path / "no" / "x.json"))
+    assert res.returncode == 2 and "-o: " in res.stderr and "No such file or directory" in res.stderr
     best = yaml.safe_load(cli_in_process("best", sweep, "--format", "yaml").stdout)
     res = cli_in_process("export", sweep, "--format", "serve")
     assert res.returncode == 0 and res.stdout == best["command"] + "\n"
