@@ -1,7 +1,7 @@
 """`vllm-sweep` command line: thin argument parsing over the modules below.
 
 Exit codes: 0 success (a sweep that found no feasible configuration still exits 0), 1 `best`
-has no configuration to print (the sweep has no results yet, or no feasible trial), 2 bad
+or `export` has no configuration to print (the sweep has no results yet, or no feasible trial), 2 bad
 input (one line naming file, key and value; `report` of a sweep without results), 3 cluster
 problem (or another driver runs the sweep, or a `doctor` check failed), 130 interrupted.
 """
@@ -306,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
         prog="vllm-sweep",
         description="Find the best vLLM serving configuration for a model, a workload and an "
         "SLA: a search over vLLM's flags, each trial a real server under load.",
-        epilog="Exit codes: 0 success; 1 `best` has nothing to print (no results yet, or no "
+        epilog="Exit codes: 0 success; 1 `best` or `export` has nothing to print (no results yet, or no "
         "feasible trial); 2 bad input (one line naming file, key and value); 3 cluster problem "
         "(or another driver runs the sweep, or a `doctor` check failed); 130 interrupted.")
     p.add_argument("--version", action="version", version=f"vllm-sweep {__version__}")
@@ -383,6 +383,17 @@ def parser() -> argparse.ArgumentParser:
                     help="exchanges per conversation, uniform in [LOW, HIGH] (default: 2-6)")
     bc.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     bc.set_defaults(fn=cmd_build_conversations)
+    # issue #20: export / compare (arguments and work in framework/sweep/deploy_cli.py)
+    from framework.sweep import deploy_cli
+
+    ex = sub.add_parser("export", help="the shipped configuration for a deployment path: "
+                        "serve, json, ray-serve or k8s (exit 1 when nothing ships)")
+    deploy_cli.add_export_args(ex)
+    ex.set_defaults(fn=deploy_cli.cmd_export)
+    cp = sub.add_parser("compare", help="sweeps of one model and workload on different hardware "
+                        "side by side; the cheapest way to serve the target within the SLA")
+    deploy_cli.add_compare_args(cp)
+    cp.set_defaults(fn=deploy_cli.cmd_compare)
     from framework.load.bench import add_cli_args as add_bench_args  # imports only the stdlib
 
     be = sub.add_parser("bench", help="benchmark one OpenAI-compatible server like "

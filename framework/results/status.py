@@ -146,6 +146,16 @@ def verdict_text(trials: pd.DataFrame, verdict: SweepVerdict, objective: str) ->
     return f"trial {verdict.ship} ({what}{objective} {shown}): {verdict.headline}"
 
 
+def shipped_flags(trials: pd.DataFrame, number: int, params: Sequence[str],
+                  fixed: Mapping[str, Scalar], run_params: Sequence[str] = ()
+                  ) -> tuple[pd.Series, dict[str, Scalar | None]]:
+    """Trial `number`'s row and every vLLM flag it ran with: the fixed server args and its
+    parameters (none for the vLLM-defaults baseline), run settings left out."""
+    row = trials[trials["trial_number"] == number].iloc[0]
+    values = {p: plain(row[param_column(p)]) for p in params if p not in run_params}
+    return row, trial_flags(fixed, values, bool(row["is_baseline"]))
+
+
 def best_as_yaml(trials: pd.DataFrame, verdict: SweepVerdict, params: list[str],
                  fixed: dict[str, Scalar], model: str,
                  run_params: Sequence[str] = ()) -> str:
@@ -153,9 +163,7 @@ def best_as_yaml(trials: pd.DataFrame, verdict: SweepVerdict, params: list[str],
     gain interval, every vLLM flag it runs with, and (`load`) its run settings."""
     number = verdict.ship
     assert number is not None
-    row = trials[trials["trial_number"] == number].iloc[0]
-    values = {p: plain(row[param_column(p)]) for p in params if p not in run_params}
-    flags = trial_flags(fixed, values, bool(row["is_baseline"]))
+    row, flags = shipped_flags(trials, number, params, fixed, run_params)
     est = verdict.estimate if verdict.number is not None else verdict.baseline
     out: dict[str, object] = {
         "trial": number, "verdict": verdict.kind, "statement": verdict.headline,

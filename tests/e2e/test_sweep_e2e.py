@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import signal
 import time
 
 import duckdb
+import kubernetes_validate
 import pandas as pd
 import pytest
 import yaml
 
+from framework.cluster.serve_llm import check_ray_serve_config
 from framework.results.diagnosis import VERDICTS
 from tests.browser import check_sweep_report
 from tests.helpers import cli_env
+from tests.helpers import cli_in_process
 from tests.helpers import new_marker
 from tests.helpers import read_trials
 from tests.helpers import read_until
@@ -130,27 +135,32 @@ def test_ctrl_c_mid_trial_stops_everything_and_keeps_results(tiny_model, short_t
     assert trials.iloc[0]["state"] == "FAIL" and trials.iloc[0]["fail_reason"] == "interrupted"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_capacity_mode_on_real_vllm_gives_a_capacity_per_trial(tiny_model, short_tmp):
     """A real CPU sweep in capacity mode: each COMPLETE trial ends with capacity_rps, the
-    highest rate at which its SLA held, measured in rate steps on the same server."""
+    highest rate at which its SLA held, measured in rate steps on the same server. Then its
+    shipped configuration exported in every format (#20), each checked by its platform's
+    schema."""
     marker = new_marker()
     env = cli_env(marker, short_tmp)
-    sweep = write_sweep(short_tmp, tiny_model, n_trials=1, name="capacity")
+    sweep = write_sweep(short_tmp, tiny_model, n_trials=2, name="capacity")
     spec = yaml.safe_load(sweep.read_text())
     spec.pop("objective")  # capacity: implies the objective capacity_rps
     spec["workload"].update({"num_prompts": 60, "max_concurrency": None, "warmup_requests": 4})
     spec["sla"] = {"p99_ttft_ms": 300, "p99_tpot_ms": 60}
     spec["capacity"] = {"start_rate": 4.0, "tolerance": 0.3, "max_steps": 5,
                         "step_duration_s": 3.0, "min_requests": 10}
+    spec["target"] = {"request_rate": 40.0, "headroom": 0.2}  # only `export` reads these
+    spec["pricing"] = {"per_replica_hour": 0.5}
     sweep.write_text(yaml.safe_dump(spec))
     try:
-        res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=500)
+        res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=700)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "req/s: SLA" in res.stdout
     finally:
         assert wait_no_marked_processes(marker) == []
-    row = read_trials(short_tmp / "results", "capacity").iloc[0]
+    trials = read_trials(short_tmp / "results", "capacity")
+    row = trials.iloc[0]
     assert row["state"] == "COMPLETE", row["fail_detail"]
     # the tiny model serves ~70 req/s on this machine: the start rate, 4 req/s, holds the SLA
     assert row["capacity_rps"] >= 4.0 and row["objective"] == row["capacity_rps"]
@@ -166,3 +176,44 @@ def test_capacity_mode_on_real_vllm_gives_a_capacity_per_trial(tiny_model, short
     for _, rate, p99_ttft, p99_tpot, failed in steps:
         if rate > row["capacity_rps"]:  # every rate tried above the capacity broke the SLA
             assert p99_ttft > 300 or p99_tpot > 60 or failed, (rate, p99_ttft, p99_tpot)
+    check_exports(sweep, trials, short_tmp, str(tiny_model))
+
+
+def check_exports(sweep, trials, tmp, model):
+    """Every `export` format of the real sweep: what `best` ships, sized by framework.fleet,
+    each file accepted by Ray Serve LLM's config classes / Kubernetes' schemas."""
+    best = cli_in_process("best", str(sweep), "--format", "yaml")
+    assert best.returncode == 0, best.stderr
+    shipped = yaml.safe_load(best.stdout)
+    row = trials[trials["trial_number"] == shipped["trial"]].iloc[0]
+    # 40 req/s x 1.2 over the shipped configuration's capacity (one server: its row's value)
+    replicas = math.ceil(40.0 * 1.2 / row["capacity_rps"] - 1e-9)
+
+    res = cli_in_process("export", str(sweep), "--format", "serve")
+    assert res.returncode == 0 and res.stdout == shipped["command"] + "\n"
+    assert res.stdout.startswith(f"vllm serve {model}")
+
+    doc = json.loads(cli_in_process("export", str(sweep), "--format", "json").stdout)
+    assert doc["trial"] == shipped["trial"] and doc["flags"] == shipped["flags"]
+    assert doc["verdict"] == shipped["verdict"]
+    assert doc["fleet"]["replicas"] == replicas and doc["fleet"]["gpus_per_replica"] == 1
+    assert doc["fleet"]["cost_per_hour"] == pytest.approx(replicas * 0.5)
+    assert doc["cost_per_mtok"] == pytest.approx(0.5 / (row["output_throughput"] * 3600) * 1e6)
+
+    out = tmp / "serve.yaml"
+    res = cli_in_process("export", str(sweep), "--format", "ray-serve", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    app = yaml.safe_load(out.read_text())
+    assert check_ray_serve_config(app) == 1  # Ray Serve LLM's LLMServingArgs / engine config
+    (llm,) = app["applications"][0]["args"]["llm_configs"]
+    assert llm["deployment_config"] == {"num_replicas": replicas}
+    assert llm["engine_kwargs"]["max_model_len"] == 512 and llm["accelerator_config"] == {"kind": "cpu"}
+
+    res = cli_in_process("export", str(sweep), "--format", "k8s")
+    assert res.returncode == 0 and "&id" not in res.stdout  # no YAML anchors
+    deployment, service = yaml.safe_load_all(res.stdout)
+    for manifest in (deployment, service):
+        kubernetes_validate.validate(manifest, "1.33.0", strict=True)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert deployment["spec"]["replicas"] == replicas and "resources" not in container  # CPU
+    assert container["args"][:1] == [model] and "--max-model-len" in container["args"]

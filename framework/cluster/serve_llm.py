@@ -1,0 +1,43 @@
+"""A Ray Serve LLM application config checked by Ray's own classes (ray[serve] 2.60): the
+`serve run` schema (ray.serve.schema.ServeDeploySchema), each application's builder args
+(ray.serve.llm.LLMServingArgs: every LLMConfig, its deployment_config through Serve's
+DeploymentConfig, accelerator_type among Ray's types), and each LLMConfig's engine kwargs as
+Ray Serve LLM hands them to vLLM (LLMConfig.get_engine_config: every key an AsyncEngineArgs or
+FrontendArgs field; get_initialization_kwargs). Nothing is started and no model is read.
+Importing ray.serve.llm imports vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from framework.base.errors import ConfigError
+
+
+def check_ray_serve_config(doc: Mapping[str, object], where: str = "ray-serve config") -> int:
+    """Raise ConfigError (naming the failing part) unless Ray Serve accepts `doc`; returns the
+    number of LLM configs checked."""
+    try:
+        from ray.serve.llm import LLMServingArgs
+        from ray.serve.schema import ServeDeploySchema
+    except ImportError as exc:
+        raise ConfigError(where, "ray.serve.llm", str(exc),
+                          "Ray Serve LLM is not importable: pip install 'ray[serve]'") from exc
+    checked = 0
+    try:
+        schema = ServeDeploySchema.model_validate(dict(doc))
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise ConfigError(where, "applications", "", _first_line(exc)) from exc
+    for app in schema.applications:
+        try:
+            args = LLMServingArgs.model_validate(app.args)
+            for config in args.llm_configs:
+                config.get_engine_config().get_initialization_kwargs()
+                checked += 1
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(where, f"applications.{app.name}.args", "", _first_line(exc)) from exc
+    return checked
+
+
+def _first_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text[:400]

@@ -1,0 +1,165 @@
+"""The configuration a sweep ships, with what deploying it takes: its flags, its measured value
+and interval, its hardware, and (with a `target:`) the fleet that carries the target and its cost.
+
+Which trial ships is the verdict's alone (results.verdict: the winner, or vLLM's defaults when
+nothing beat them beyond the noise), its flags what `best` prints (status.shipped_flags). The
+fleet arithmetic is framework.fleet's: replicas from the shipped configuration's capacity_rps
+(the verdict's estimate when capacity_rps is the objective, else its row's), TP x PP from its
+flags; cost per million output tokens from one replica's output_throughput.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from framework.config.specs import SweepSpec
+from framework.engine.server_args import flag_args
+from framework.fleet.manifests import Deployment
+from framework.fleet.prices import Price
+from framework.fleet.prices import read_price_file
+from framework.fleet.prices import resolve_price
+from framework.fleet.sizing import Fleet
+from framework.fleet.sizing import cost_per_mtok
+from framework.fleet.sizing import fleet_for
+from framework.load.trace import read_trace
+from framework.load.trace import send_offsets
+from framework.results.status import shipped_flags
+from framework.results.verdict import Estimate
+from framework.results.verdict import SweepVerdict
+from framework.results.verdict import decide
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """One sweep's shipped configuration. `value`: the objective's estimate (geometric mean over
+    fresh servers, 95% interval when the noise is known); None fields: not measured / no price."""
+
+    sweep: str
+    trial: int
+    verdict: SweepVerdict
+    objective: str
+    value: Estimate | None
+    model: str
+    flags: dict[str, Any]
+    serve_command: str
+    engine: str
+    gpu: str | None
+    hardware: str | None
+    tp: int
+    pp: int
+    capacity_rps: float | None
+    output_throughput: float | None
+    fleet: Fleet | None
+    price: Price | None
+    cost_per_mtok: float | None
+    model_sha256: str | None
+    workload_sha256: str | None
+
+
+def _float(row: pd.Series, column: str) -> float | None:
+    value = row.get(column)
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _text(row: pd.Series, column: str) -> str | None:
+    value = row.get(column)
+    return None if value is None or pd.isna(value) else str(value)
+
+
+def target_rps(spec: SweepSpec) -> float | None:
+    """The sweep's target rate: `request_rate`, or with `from_trace` the trace's requests over
+    its span (send offsets at speed-up 1); None without a target."""
+    if spec.target is None:
+        return None
+    if spec.target.request_rate is not None:
+        return spec.target.request_rate
+    w = spec.workload
+    assert w.dataset_path is not None and w.timed_trace is not None  # SweepSpec checked it
+    offsets = send_offsets(read_trace(w.dataset_path, w.timed_trace))
+    span = max(offsets) - min(offsets) if offsets else 0.0
+    return len(offsets) / span if span > 0 else None
+
+
+def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
+            run_params: Sequence[str] = (), target: float | None = None) -> Shipped | SweepVerdict:
+    """The sweep's shipped configuration, or its verdict when there is nothing to ship.
+    `target` overrides the sweep's own target rate."""
+    metric = spec.objective.metric
+    verdict = decide(trials, metric, spec.objective.direction == "maximize", spec.sla)
+    if verdict.ship is None:
+        return verdict
+    row, flags = shipped_flags(trials, verdict.ship, params, dict(spec.server.args), run_params)
+    est = verdict.estimate if verdict.number is not None else verdict.baseline
+    measured = {c: _float(row, c) for c in ("capacity_rps", "output_throughput")}
+    if metric in measured and est is not None:
+        measured[metric] = est.value
+    tp = int(flags.get("tensor-parallel-size") or 1)
+    pp = int(flags.get("pipeline-parallel-size") or 1)
+    pricing = spec.pricing
+    price = resolve_price(pricing, engine=spec.engine, gpu=spec.gpu, tp=tp, pp=pp,
+                          file_prices=read_price_file(pricing.file) if pricing.file else None)
+    per_replica = price.per_replica_hour if price else None
+    rate = target if target is not None else target_rps(spec)
+    fleet = None if rate is None else fleet_for(
+        rate, measured["capacity_rps"], headroom=spec.target.headroom if spec.target else 0.0,
+        tp=tp, pp=pp, price_per_replica_hour=per_replica)
+    return Shipped(
+        sweep=spec.name, trial=verdict.ship, verdict=verdict, objective=metric, value=est,
+        model=str(spec.model), flags=flags, serve_command=str(row["serve_command"]),
+        engine=spec.engine, gpu=spec.gpu, hardware=_text(row, "hardware"), tp=tp, pp=pp,
+        capacity_rps=measured["capacity_rps"], output_throughput=measured["output_throughput"],
+        fleet=fleet, price=price, cost_per_mtok=cost_per_mtok(per_replica, measured["output_throughput"]),
+        model_sha256=_text(row, "model_config_sha256"), workload_sha256=_text(row, "workload_sha256"))
+
+
+def served_name(s: Shipped) -> str:
+    """The name clients send: `served-model-name` if set, else a local model folder's name,
+    else the model id."""
+    named = s.flags.get("served-model-name")
+    if named:
+        return str(named)
+    return s.model.rstrip("/").rsplit("/", 1)[-1] if s.model.startswith("/") else s.model
+
+
+def deployment(s: Shipped, image: str) -> Deployment:
+    """What the deployment files of fleet.manifests need."""
+    return Deployment(name=s.sweep, model=s.model, served_name=served_name(s), flags=s.flags,
+                      argv=(s.model, *flag_args(s.flags)), engine=s.engine, gpu=s.gpu, tp=s.tp,
+                      pp=s.pp, replicas=s.fleet.replicas if s.fleet else None, image=image)
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def as_json(s: Shipped) -> dict[str, object]:
+    """Everything a pipeline needs, JSON-ready (null where not measured or not priced)."""
+    est, gain = s.value, s.verdict.gain
+    out: dict[str, object] = {
+        "sweep": s.sweep, "trial": s.trial, "verdict": s.verdict.kind,
+        "statement": s.verdict.headline, "model": s.model, "flags": s.flags,
+        "serve_argv": ["vllm", "serve", s.model, *flag_args(s.flags)],
+        "serve_command": s.serve_command,
+        "objective": {"metric": s.objective, "value": est.value if est else None,
+                      "ci95": [est.low, est.high] if est and est.low is not None else None,
+                      "servers": est.servers if est else None},
+        "gain": None if gain is None else {"value": gain.value, "ci95": [gain.low, gain.high]},
+        "engine": s.engine, "gpu": s.gpu, "hardware": s.hardware,
+        "tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp,
+        "capacity_rps": _finite(s.capacity_rps), "output_throughput": _finite(s.output_throughput),
+        "price": None if s.price is None else {
+            "per_replica_hour": s.price.per_replica_hour, "per_gpu_hour": s.price.per_gpu_hour,
+            "currency": s.price.currency, "source": s.price.source},
+        "cost_per_mtok": s.cost_per_mtok,
+    }
+    if s.fleet is not None:
+        f = s.fleet
+        out["fleet"] = {"target_rps": f.target_rps, "headroom": f.headroom, "replicas": f.replicas,
+                        "gpus_per_replica": f.gpus_per_replica, "gpus": f.gpus,
+                        "cost_per_hour": f.cost_per_hour}
+    return out

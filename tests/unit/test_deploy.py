@@ -1,0 +1,265 @@
+"""`export` and `compare` (#20): the pure deployment builders table-tested, each manifest checked
+by its platform's own schema (Kubernetes: kubernetes-validate's bundled OpenAPI schemas, strict;
+Ray Serve LLM: its own config classes), and both commands on real stored Parquet rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from framework.base.errors import ConfigError
+from framework.cluster.serve_llm import check_ray_serve_config
+from framework.config.search_space import load_search_space
+from framework.config.specs import SweepSpec
+from framework.fleet.manifests import Deployment
+from framework.fleet.manifests import dns_name
+from framework.fleet.manifests import engine_kwargs
+from framework.fleet.manifests import k8s_manifests
+from framework.fleet.manifests import ray_serve_app
+from framework.results.deploy import target_rps
+from framework.results.rows import TrialContext
+from framework.results.rows import trial_columns
+from framework.results.rows import trial_row
+from framework.results.store import ResultStore
+from framework.trial.objective import Verdict
+from framework.trial.run import TrialOutcome
+from tests.helpers import ROOT
+from tests.helpers import T0
+from tests.helpers import cli_in_process
+from tests.helpers import write_rows
+
+K8S_VERSION = "1.33.0"
+
+
+def plan(engine: str = "cpu", gpu: str | None = None, tp: int = 1, pp: int = 1,
+         replicas: int | None = None, flags: dict | None = None) -> Deployment:
+    flags = flags if flags is not None else {"enforce-eager": True, "max-num-seqs": 16}
+    if tp * pp > 1:
+        flags = {**flags, "tensor-parallel-size": tp, "pipeline-parallel-size": pp,
+                 "distributed-executor-backend": "ray"}
+    return Deployment(name="Llama_8B on H100", model="/models/llama", served_name="llama",
+                      flags=flags, argv=("/models/llama", "--max-num-seqs", "16"), engine=engine,
+                      gpu=gpu, tp=tp, pp=pp, replicas=replicas, image="vllm/vllm-openai:v0.32.0")
+
+
+@pytest.mark.parametrize("name, label", [
+    ("Llama_8B on H100", "llama-8b-on-h100"),   # lower case, runs of other characters -> "-"
+    ("--x--", "x"),                             # no leading / trailing dash
+    ("a" * 70, "a" * 63),                       # at most 63
+    ("___", "vllm"),                            # nothing left
+])
+def test_dns_name(name, label):
+    assert dns_name(name) == label
+
+
+@pytest.mark.parametrize("flags, kwargs", [
+    ({"max-num-seqs": 16, "enable-prefix-caching": False}, {"max_num_seqs": 16,
+                                                            "enable_prefix_caching": False}),
+    ({"kv-cache-dtype": None}, {}),                                   # unset: left out
+    ({"tensor-parallel-size": 2, "distributed-executor-backend": "ray"},
+     {"tensor_parallel_size": 2}),                                    # Ray Serve sets the backend
+])
+def test_engine_kwargs(flags, kwargs):
+    assert engine_kwargs(flags) == kwargs
+
+
+@pytest.mark.parametrize("engine, gpu, replicas, accel", [
+    ("gpu", "H100-80GB", 3, {"accelerator_type": "H100"}),
+    ("gpu", "A100-40GB", None, {"accelerator_type": "A100-40G"}),   # no fleet sized: 1 replica
+    ("gpu", None, 2, {}),                                            # type unknown: not stated
+    ("cpu", None, 2, {"accelerator_config": {"kind": "cpu"}}),
+])
+def test_ray_serve_app(engine, gpu, replicas, accel):
+    doc = ray_serve_app(plan(engine, gpu, replicas=replicas))
+    (app,) = doc["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_openai_app"
+    (llm,) = app["args"]["llm_configs"]
+    assert llm["model_loading_config"] == {"model_id": "llama", "model_source": "/models/llama"}
+    assert llm["deployment_config"] == {"num_replicas": replicas or 1}
+    assert {k: llm[k] for k in ("accelerator_type", "accelerator_config") if k in llm} == accel
+
+
+@pytest.mark.parametrize("engine, tp, pp, replicas, gpus", [
+    ("gpu", 1, 1, 4, 1),
+    ("gpu", 2, 2, 3, 4),      # limits = TP x PP
+    ("cpu", 1, 1, None, None),  # no GPU limit on CPU; no fleet: 1 replica
+    ("cpu", 2, 1, 2, None),
+])
+def test_k8s_manifests_are_valid_kubernetes(engine, tp, pp, replicas, gpus):
+    deployment, service = k8s_manifests(plan(engine, "H100-80GB", tp, pp, replicas))
+    for doc in (deployment, service):  # raises kubernetes_validate.ValidationError when not
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert deployment["spec"]["replicas"] == (replicas or 1)
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["vllm", "serve"]
+    assert c["args"] == ["/models/llama", "--max-num-seqs", "16", "--port", "8000"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    assert c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == gpus
+    assert ("volumes" in pod) == (tp * pp > 1)  # /dev/shm in memory for several workers
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_a_broken_k8s_manifest_is_caught_by_the_schema():
+    deployment, _ = k8s_manifests(plan("gpu", "H100-80GB"))
+    deployment["spec"]["replicas"] = "three"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("engine, gpu, tp", [("cpu", None, 1), ("gpu", "H100-80GB", 2),
+                                             ("gpu", "L4-24GB", 1)])
+def test_ray_serve_llm_accepts_the_config(engine, gpu, tp):
+    assert check_ray_serve_config(ray_serve_app(plan(engine, gpu, tp, replicas=2))) == 1
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda llm: llm["engine_kwargs"].update(max_num_seqz=4), "Unknown engine argument"),
+    (lambda llm: llm.update(accelerator_type="H1000"), "Unsupported accelerator type"),
+    (lambda llm: llm["deployment_config"].update(num_replicas=-1), "Invalid deployment config"),
+])
+def test_ray_serve_llm_rejects_a_broken_config(change, reason):
+    doc = ray_serve_app(plan("gpu", "H100-80GB"))
+    change(doc["applications"][0]["args"]["llm_configs"][0])
+    with pytest.raises(ConfigError, match=reason):
+        check_ray_serve_config(doc)
+
+
+# --- the commands on stored rows -------------------------------------------------------------
+
+def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str, capacities: list[float],
+                   tok_s: float, workload_digest: str = "w" * 64, target: float | None = 25.0) -> Path:
+    """A stored GPU sweep in capacity mode: trial 0 the defaults, then one trial per further
+    capacity; one server each (no noise measured), so the defaults ship."""
+    space = load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml")
+    columns = trial_columns(space, (50, 99))
+    store = ResultStore(tmp / "results", name)
+    for number, capacity in enumerate(capacities):
+        params = {} if number == 0 else {"max-num-seqs": 8 * number}
+        outcome = TrialOutcome(started_at=T0, argv=("--x",), trial_s=40.0,
+                               metrics={"completed": 10, "failed": 0, "capacity_rps": capacity,
+                                        "output_throughput": tok_s * (1 + number)})
+        ctx = TrialContext(number=number, params=params, is_baseline=number == 0,
+                           serve_command=f"vllm serve m --trial {number}", vllm_version="0.32.0",
+                           server_log="", provenance={
+                               "hardware": f"gpu: 8 x {gpu}", "model_config_sha256": "m" * 64,
+                               "workload_sha256": workload_digest})
+        store.write_trial(trial_row(ctx, outcome, Verdict(capacity, True, {}, ()), columns), columns)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": name, "model": str(tiny_model), "engine": "gpu", "gpu": gpu,
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
+        "sla": {"p99_ttft_ms": 500},
+        "capacity": {"start_rate": 1.0},
+        **({"target": {"request_rate": target, "headroom": 0.2}} if target else {}),
+        "results_dir": str(tmp / "results")}))
+    return path
+
+
+def test_compare_picks_the_cheapest_fleet(tmp_path, tiny_model):
+    # Both ship vLLM's defaults (trial 0: one server each, the noise is unknown). Target 25 req/s,
+    # headroom 0.2 -> 30 req/s to carry; list prices (framework.fleet.prices):
+    #   H100: capacity 10 req/s -> ceil(30 / 10)  = 3 replicas x 3.9492 = 11.85 USD/hour
+    #   L4:   capacity 2.5 req/s -> ceil(30 / 2.5) = 12 replicas x 0.7992 = 9.59 USD/hour: cheapest
+    # per million output tokens: H100 3.9492 / (1000 x 3600) x 1e6 = 1.10; L4 0.7992 / (250 x
+    # 3600) x 1e6 = 0.89
+    h100 = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0)
+    l4 = capacity_sweep(tmp_path, tiny_model, "l4", "L4-24GB", [2.5, 2.0], 250.0)
+    res = cli_in_process("compare", str(h100), str(l4))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "h100 (gpu H100-80GB; gpu: 8 x H100-80GB): ships vLLM's defaults" in out
+    assert "3 replicas x 1 = 3 devices, 11.85 USD/hour" in out
+    assert "12 replicas x 1 = 12 devices, 9.59 USD/hour" in out
+    assert "per million output tokens 1.10 USD" in out and "per million output tokens 0.89 USD" in out
+    assert out.strip().splitlines()[-1].startswith("cheapest: l4 (gpu L4-24GB): 9.59 USD/hour, 12 replicas")
+    # --target 5: 6 req/s -> H100 1 replica (3.95/hour) beats L4's 3 (2.40/hour)? no: 3 x 0.7992
+    # = 2.40 < 3.95, L4 still; at 2 req/s: 2.4 -> H100 1 (3.95), L4 1 (0.80): L4
+    res = cli_in_process("compare", str(h100), str(l4), "--target", "5")
+    assert "fleet for 5 req/s (headroom 20%): 1 replicas x 1 = 1 devices, 3.95 USD/hour" in res.stdout
+    assert "cheapest: l4 (gpu L4-24GB): 2.40 USD/hour, 3 replicas" in res.stdout
+
+
+def test_without_a_target_compare_picks_the_cheapest_million_tokens(tmp_path, tiny_model):
+    # H100 3.9492 / (1000 tok/s x 3600) x 1e6 = 1.10 USD; L4 0.7992 / (250 x 3600) x 1e6 = 0.89
+    h100 = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0, target=None)
+    l4 = capacity_sweep(tmp_path, tiny_model, "l4", "L4-24GB", [2.5, 2.0], 250.0, target=None)
+    res = cli_in_process("compare", str(h100), str(l4))
+    assert res.returncode == 0 and "fleet for" not in res.stdout
+    assert res.stdout.strip().splitlines()[-1] == (
+        "cheapest: l4 (gpu L4-24GB): 0.89 USD per million output tokens; by cost per million "
+        "output tokens of one replica (no target)")
+
+
+def test_compare_refuses_sweeps_of_different_workloads(tmp_path, tiny_model):
+    a = capacity_sweep(tmp_path, tiny_model, "a", "H100-80GB", [10.0], 1000.0)
+    b = capacity_sweep(tmp_path, tiny_model, "b", "L4-24GB", [2.5], 250.0, workload_digest="v" * 64)
+    res = cli_in_process("compare", str(a), str(b))
+    assert res.returncode == 2 and res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    assert "different workload digest (a: wwwwwwwwwwww, b: vvvvvvvvvvvv)" in line
+    res = cli_in_process("compare", str(a), str(b), "--allow-different")
+    assert res.returncode == 0 and "warning: different workload digest" in res.stderr
+
+
+def test_export_json_carries_the_fleet(tmp_path, tiny_model):
+    sweep = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0)
+    out = tmp_path / "best.json"
+    res = cli_in_process("export", str(sweep), "--format", "json", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert doc["trial"] == 0 and doc["verdict"] == "not_distinguishable"
+    assert doc["objective"] == {"metric": "capacity_rps", "value": pytest.approx(10.0),
+                                "ci95": None, "servers": 1}
+    assert doc["fleet"]["replicas"] == 3 and doc["fleet"]["cost_per_hour"] == pytest.approx(11.8476)
+    assert doc["serve_argv"][:3] == ["vllm", "serve", str(tiny_model)]
+
+
+def sweep_of(tmp: Path, tiny_model: Path) -> Path:
+    path = tmp / "killed.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "killed", "model": str(tiny_model),
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512}},
+        "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
+        "results_dir": str(tmp / "results")}))
+    return path
+
+
+def test_export_ships_what_best_ships(tmp_path, tiny_model):
+    write_rows(tmp_path / "results")
+    sweep = str(sweep_of(tmp_path, tiny_model))
+    res = cli_in_process("export", sweep, "--format", "json", "-o", str(tmp_path / "no" / "x.json"))
+    assert res.returncode == 2 and "-o: " in res.stderr and "No such file or directory" in res.stderr
+    best = yaml.safe_load(cli_in_process("best", sweep, "--format", "yaml").stdout)
+    res = cli_in_process("export", sweep, "--format", "serve")
+    assert res.returncode == 0 and res.stdout == best["command"] + "\n"
+    doc = json.loads(cli_in_process("export", sweep, "--format", "json").stdout)
+    assert doc["trial"] == best["trial"] == 0 and doc["flags"] == best["flags"]
+    assert "fleet" not in doc  # no target: no fleet
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--format", "helm"], 2, "--format: 'helm': expected one of serve, json, ray-serve, k8s"),
+    (["--format", "k8s"], 1, "no results for sweep killed in"),
+])
+def test_export_bad_input_and_nothing_to_export(tmp_path, tiny_model, args, code, message):
+    res = cli_in_process("export", str(sweep_of(tmp_path, tiny_model)), *args)
+    assert res.returncode == code and res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    assert message in line
+
+
+def test_target_from_trace_is_the_traces_mean_rate():
+    spec = SweepSpec.model_validate({
+        "name": "t", "model": str(ROOT / "models" / "tiny-llama"), "search_space": "s.yaml",
+        "workload": {"dataset": "timed_trace", "timed_trace": {"sec_multiplier": 0.001},
+                     "dataset_path": str(ROOT / "datasets" / "mooncake_sample.jsonl")},
+        "target": {"from_trace": True}})
+    # 150 requests, timestamps 56 ms .. 33447 ms: 150 / 33.391 s = 4.492 req/s
+    assert target_rps(spec) == pytest.approx(150 / 33.391)
