@@ -6,7 +6,8 @@ release of a trial's devices. The only package importing ray.
   ranks share a node, and its server actor;
 - `server`: `RayServer` (trial.ServerHandle): stop and release (every process on every node
   gone first), the log fetched to the driver, control commands to the server;
-- `actors`: `ServerActor` (devices held as vLLM uses them) and FakeEngine's `FakeWorker`.
+- `actors`: `ServerActor` (devices held as vLLM uses them) and FakeEngine's `FakeWorker`;
+- `jobs`: Ray's job submission API (`vllm-sweep submit`).
 """
 
 from framework.cluster.actors import OCCUPANCY_LOG_ENV

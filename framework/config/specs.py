@@ -2,7 +2,7 @@
 
 Relative paths in a sweep file (model, search_space, results_dir) are resolved against the
 directory `vllm-sweep` runs from (the repository root for `make demo`, the job's working dir
-for `ray job submit`).
+under Ray jobs: the submitting directory itself for `vllm-sweep submit`; framework/sweep/job_dir.py).
 """
 
 from __future__ import annotations

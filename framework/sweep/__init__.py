@@ -2,7 +2,8 @@
 take, `value_checks`; the parts against each other, `cross_checks`), the ask -> place ->
 trial -> record -> tell loop (`runner`), one asked trial's flags, shape, bundles and server key
 worked out once (`trial_plan`), servers kept for reuse and stopped in the background
-(`server_pool`), the cost estimate (`plan`) and the cluster check before a sweep (`doctor`)."""
+(`server_pool`), the cost estimate (`plan`), the cluster check before a sweep (`doctor`) and
+a sweep run as a Ray job (`job_dir`)."""
 
 from framework.base.exports import lazy_exports
 

@@ -44,6 +44,7 @@ from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
 from framework.results.store import ResultStore
 from framework.sweep.cross_checks import check_cross
+from framework.sweep.job_dir import check_job_paths
 from framework.sweep.value_checks import check_flag_values
 from framework.sweep.value_checks import check_run_settings
 from framework.trial.capacity import CapacitySettings
@@ -76,6 +77,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     against the installed vLLM (value_checks), run settings, the parts against each other
     (cross_checks) and the API key's environment variable."""
     spec = load_sweep(path)
+    check_job_paths(path, spec, os.environ)
     if not spec.search_space.is_file():
         raise ConfigError(str(path), "search_space", str(spec.search_space), "file not found")
     space = load_search_space(spec.search_space)
