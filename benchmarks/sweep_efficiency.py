@@ -1,11 +1,11 @@
 """Where a sweep's time went and its efficiency (issue #19), from a finished sweep's rows.
 
     .venv/bin/python benchmarks/sweep_efficiency.py results/quickstart [more sweep dirs] [--no-doc]
-    .venv/bin/python benchmarks/sweep_efficiency.py --run 4 [--start-ahead 1] [--no-doc]
+    .venv/bin/python benchmarks/sweep_efficiency.py --run 4 [--rounds 2] [--start-ahead 1] [--no-doc]
 
 `--run N` first runs the quickstart sweep (sweeps/quickstart.yaml, random sampler, seed 0, N
-trials with the baseline, no re-measurement) in a temp dir on a private local Ray, then reads
-it (hold /tmp/vllm-heavy.lock around it on a shared machine). For each sweep:
+trials with the baseline, no re-measurement) `--rounds` times in a temp dir on a private local
+Ray, then reads them (hold /tmp/vllm-heavy.lock around it on a shared machine). For each sweep:
 - the table of framework.results.time_report: each start-up phase (read from vLLM's log,
   engine/startup_log.py), gate waits, warm-up, measured load, the rest, the time no trial ran,
   summed over trials, against the wall time (first trial's start to last trial's end);
@@ -45,15 +45,15 @@ from framework.results.time_report import text_table
 from framework.results.time_report import time_report
 
 
-def run_quickstart(folder: Path, trials: int, start_ahead: int) -> Path:
+def run_quickstart(folder: Path, name: str, trials: int, start_ahead: int) -> Path:
     """The quickstart sweep with `trials` trials in `folder`; its results dir."""
     doc = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
-    doc.update(name="efficiency", model=str(ROOT / doc["model"]),
+    doc.update(name=name, model=str(ROOT / doc["model"]),
                search_space=str(ROOT / doc["search_space"]), results_dir=str(folder / "results"))
     doc["search"] = {"sampler": "random", "seed": 0, "n_trials": trials, "baseline": True,
                      "baseline_repeats": 0, "confirm_top": 0}
     doc.setdefault("cluster", {})["start_ahead"] = start_ahead
-    path = folder / "efficiency.yaml"
+    path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "framework.cli", "run", str(path)],
@@ -61,7 +61,7 @@ def run_quickstart(folder: Path, trials: int, start_ahead: int) -> Path:
     if done.returncode != 0:
         sys.exit(f"vllm-sweep run exited {done.returncode}:\n{done.stderr[-3000:]}")
     print(f"ran {trials} trials in {time.monotonic() - t0:.0f} s")
-    return folder / "results" / "efficiency"
+    return folder / "results" / name
 
 
 def spread(values: list[float]) -> str:
@@ -85,18 +85,21 @@ def phase_table(trials: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def report(sweep_dir: Path) -> str:
+def report(sweep_dir: Path) -> tuple[str, float | None]:
+    """The sweep's tables and its efficiency (None: no trial ran)."""
     trials = pd.read_parquet(sweep_dir / "trials").sort_values("trial_number")
     found = time_report(trials)
     if found is None:
-        return f"{sweep_dir}: no trial ran"
-    return f"### {sweep_dir.name}\n\n{text_table(found)}\n\n{phase_table(trials)}"
+        return f"{sweep_dir}: no trial ran", None
+    return (f"### {sweep_dir.name}\n\n{text_table(found)}\n\n{phase_table(trials)}",
+            found.efficiency)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sweep_dirs", nargs="*", type=Path)
     p.add_argument("--run", type=int, default=0, help="run the quickstart with N trials first")
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--start-ahead", type=int, default=1)
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
@@ -104,11 +107,17 @@ def main() -> int:
     load_before = uptime()
     with tempfile.TemporaryDirectory(prefix="sweep-efficiency-") as tmp:
         dirs = list(args.sweep_dirs)
-        if args.run:
-            dirs.append(run_quickstart(Path(tmp), args.run, args.start_ahead))
+        for round_ in range(args.rounds if args.run else 0):
+            dirs.append(run_quickstart(Path(tmp), f"efficiency-{round_}", args.run,
+                                       args.start_ahead))
         if not dirs:
             p.error("name a sweep's results dir, or --run N")
-        text = "\n\n".join(report(d) for d in dirs)
+        found = [report(d) for d in dirs]
+        text = "\n\n".join(t for t, _ in found)
+        values = [e for _, e in found if e is not None]
+        if len(values) > 1:
+            text += (f"\n\nEfficiency over the {len(values)} sweeps, median [range]: "
+                     f"{spread([100 * e for e in values])} %")
     print(text)
     if not args.no_doc:
         command = " ".join(["benchmarks/sweep_efficiency.py", *sys.argv[1:]])

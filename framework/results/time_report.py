@@ -54,8 +54,11 @@ class TimeReport:
         return self.load_s / self.wall_s
 
 
-def _sum(trials: pd.DataFrame, column: str) -> float:
-    return float(trials[column].astype(float).fillna(0).sum()) if column in trials else 0.0
+def _col(trials: pd.DataFrame, column: str) -> pd.Series:
+    """A column as floats, null and absent as 0."""
+    if column not in trials:
+        return pd.Series(0.0, index=trials.index)
+    return trials[column].astype(float).fillna(0)
 
 
 def busy_s(starts: list[float], ends: list[float]) -> float:
@@ -72,28 +75,27 @@ def busy_s(starts: list[float], ends: list[float]) -> float:
 
 
 def time_report(trials: pd.DataFrame) -> TimeReport | None:
-    """The sweep's time by phase; None without a trial that ran (wall time 0)."""
-    if trials.empty:
+    """The sweep's time by phase; None without a trial that ran (wall time 0) or without
+    started_at and trial_s."""
+    if trials.empty or not {"started_at", "trial_s"} <= set(trials.columns):
         return None
-    first = trials["started_at"].min()
-    starts = (trials["started_at"] - first).dt.total_seconds().astype(float)
-    ends = starts + trials["trial_s"].astype(float).fillna(0)
-    wall = float(ends.max())
-    if wall <= 0:
+    trials = trials.dropna(subset=["started_at"])
+    starts = (trials["started_at"] - trials["started_at"].min()).dt.total_seconds().astype(float)
+    ends = starts + _col(trials, "trial_s")
+    wall = float(ends.max()) if len(ends) else 0.0
+    if not wall > 0:
         return None
-    phases = {label: _sum(trials, column) for column, label in PHASE_LABELS.items()}
-    startup = _sum(trials, "startup_s")
+    phases = {label: float(_col(trials, column).sum()) for column, label in PHASE_LABELS.items()}
     known = [c for c, _ in STARTUP_PHASE_COLUMNS if c in trials]
-    unsplit = (trials["startup_s"].astype(float).fillna(0)[
-        trials[known].isna().all(axis=1)].sum()) if known else startup
-    gate, warmup, load = (_sum(trials, c) for c in ("gate_wait_s", "warmup_s", "bench_s"))
-    rest = (trials["trial_s"].astype(float).fillna(0) - trials["startup_s"].astype(float).fillna(0)
-            - trials["gate_wait_s"].astype(float).fillna(0)
-            - trials["warmup_s"].astype(float).fillna(0)
-            - trials["bench_s"].astype(float).fillna(0)).clip(lower=0).sum()
+    split = trials[known].notna().any(axis=1) if known else pd.Series(False, index=trials.index)
+    unsplit = float(_col(trials, "startup_s")[~split].sum())
+    gate, warmup, load = (float(_col(trials, c).sum())
+                          for c in ("gate_wait_s", "warmup_s", "bench_s"))
+    rest = float((_col(trials, "trial_s") - _col(trials, "startup_s") - _col(trials, "gate_wait_s")
+                  - _col(trials, "warmup_s") - _col(trials, "bench_s")).clip(lower=0).sum())
     idle = wall - busy_s(list(starts), list(ends))
-    lines = (*phases.items(), (UNSPLIT, float(unsplit)), (GATE, gate), (WARMUP, warmup),
-             (LOAD, load), (REST, float(rest)), (IDLE, max(0.0, idle)))
+    lines = (*phases.items(), (UNSPLIT, unsplit), (GATE, gate), (WARMUP, warmup),
+             (LOAD, load), (REST, rest), (IDLE, max(0.0, idle)))
     return TimeReport(trials=len(trials), wall_s=wall, lines=tuple(lines))
 
 

@@ -86,6 +86,7 @@ def test_side_by_side_trials_sum_past_the_wall_and_gate_waits_count_apart():
 
 def test_rows_without_a_run_give_no_report_and_the_section_says_so():
     assert time_report(pd.DataFrame()) is None
+    assert time_report(pd.DataFrame({"trial_number": [0], "state": ["FAIL"]})) is None
     never = trials([row(0, 0, None, [None] * 6)])
     assert time_report(never) is None
     assert "No trial ran" in html_section(never)
