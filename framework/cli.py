@@ -188,7 +188,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     estimate = plan.time_estimate(phase_means(trials), spec.engine, spec.search.n_trials, side,
                                   plan.runs_per_server(space, spec.search.sampler)
                                   if spec.server.reuse else 1, spec.search.screen,
-                                  spec.cluster.start_ahead)
+                                  spec.cluster.start_ahead,
+                                  plan.remeasurements(spec.search.confirm_top, spec.search.baseline,
+                                                      spec.search.baseline_repeats))
     print(f"sweep {spec.name}: {len(space.parameters)} parameters, "
           f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}")
     if share is None:

@@ -15,9 +15,11 @@
   the share of trials that survive the screen (this sweep's COMPLETE / (COMPLETE + PRUNED),
   else SCREEN_SURVIVAL).
 - Start-ahead (cluster.start_ahead = k, CPU): 1 + k servers start side by side, each
-  SIDE_BY_SIDE_SLOWDOWN x k longer, while nothing is measured; trials are measured one at a
-  time: wall = starts x start-up x (1 + 0.31 k) / (1 + k) + trials x (warm-up + load +
-  overhead).
+  1 + 0.31 k times as long (SIDE_BY_SIDE_SLOWDOWN), while nothing is measured; trials are
+  measured one at a time: wall = starts x start-up x (1 + 0.31 k) / (1 + k) + trials x
+  (warm-up + load + overhead).
+- Re-measurements (search.confirm_top, the baseline's last repeat) are trials beyond n_trials,
+  each on a fresh server.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ class TimeEstimate:
     @property
     def startup_wall_s(self) -> float:
         """Wall seconds of all start-ups: with start-ahead, 1 + k start side by side, each
-        SIDE_BY_SIDE_SLOWDOWN x k longer (k neighbours) and never during a measurement."""
+        1 + (SIDE_BY_SIDE_SLOWDOWN - 1) x k times as long, never during a measurement."""
         total = self.starts * self.per_trial_s["startup"]
         if not self.start_ahead:
             return total / max(1, self.side_by_side)
@@ -197,17 +199,26 @@ class TimeEstimate:
         return out
 
 
+def remeasurements(confirm_top: int, baseline: bool, baseline_repeats: int) -> int:
+    """Trials beyond search.n_trials, each on a fresh server (sweep.remeasure): the confirmation
+    runs of the top `confirm_top` and the baseline's last re-measurement (the mid-search ones
+    count toward n_trials); a second confirmation round, when the first meets no SLA, is not
+    foreseen."""
+    return confirm_top + int(baseline and baseline_repeats >= 1)
+
+
 def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
                   side_by_side: int, runs_per_server: int = 1, screen: float | None = None,
-                  start_ahead: int = 0) -> TimeEstimate:
+                  start_ahead: int = 0, remeasured: int = 0) -> TimeEstimate:
     """Phase means of the finished trials of this sweep (results.queries.phase_means), else
     DEFAULTS_S for the engine (also for a phase no trial measured).
 
     `screen` (search.screen = f): a trial's load is the screen (f x the full run) plus the
     full run for the share that survives it (history's screen_survival, else
     SCREEN_SURVIVAL); history's bench mean, of COMPLETE trials, held both: full = bench /
-    (1 + f). `start_ahead`: see TimeEstimate.startup_wall_s."""
-    starts = math.ceil(n_trials / max(1, runs_per_server))
+    (1 + f). `start_ahead`: see TimeEstimate.startup_wall_s. `remeasured` (`remeasurements`):
+    trials added to n_trials, each starting its own server."""
+    starts = math.ceil(n_trials / max(1, runs_per_server)) + remeasured
     base = dict(DEFAULTS_S[engine])
     phases: Mapping[str, float] = {}
     survival = SCREEN_SURVIVAL
@@ -227,4 +238,5 @@ def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
         per = {**per, "bench": full * (screen + survival)}
         note = (f"load {full:.0f} s x ({screen:g} screen + {survival:.0%} surviving) = "
                 f"{per['bench']:.0f} s per trial")
-    return TimeEstimate(per, source, n_trials, side_by_side, starts, start_ahead, phases, note)
+    return TimeEstimate(per, source, n_trials + remeasured, side_by_side, starts, start_ahead,
+                        phases, note)

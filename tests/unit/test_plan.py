@@ -13,6 +13,7 @@ from framework.sweep.plan import DEFAULTS_S
 from framework.sweep.plan import TimeEstimate
 from framework.sweep.plan import configurations
 from framework.sweep.plan import feasible_share
+from framework.sweep.plan import remeasurements
 from framework.sweep.plan import runs_per_server
 from framework.sweep.plan import sample
 from framework.sweep.plan import space_size
@@ -119,7 +120,8 @@ def test_plan_command_on_the_seeds_70b_sweep():
     assert lines[0] == "sweep llama70b-8xa100: 9 parameters, unbounded (float ranges)"
     assert "configurations pass" in lines[1] and "with 8 GPUs" in lines[1]
     assert any("TP N x PP N = N workers, but only N devices are available" in ln for ln in lines)
-    assert lines[-1].startswith("  time: (30 server starts x 180 s + 30 trials x (warmup 10 s")
+    # 30 trials + 1 confirmation run (confirm_top's default; no baseline to repeat)
+    assert lines[-1].startswith("  time: (31 server starts x 180 s + 31 trials x (warmup 10 s")
 
 
 PER = {"startup": 40.0, "warmup": 3.0, "bench": 10.0, "overhead": 2.0}
@@ -185,3 +187,16 @@ def test_start_up_phases_come_from_fresh_servers_and_are_printed():
     assert history.startup == 29.0  # the phases' means add up to the start-up mean
     est = time_estimate(history, "cpu", n_trials=4, side_by_side=1)
     assert "start-up by phase: placement 1.0 s, imports 25.0 s, api 3.0 s" in "\n".join(est.lines())
+
+
+@pytest.mark.parametrize("confirm_top, baseline, repeats, extra", [
+    (2, True, 2, 3),   # the quickstart: 2 confirmations + the baseline's last repeat
+    (1, True, 0, 1),   # no baseline repeat
+    (0, False, 2, 0),  # no baseline: nothing to repeat
+])
+def test_remeasurements_add_fresh_trials(confirm_top, baseline, repeats, extra):
+    assert remeasurements(confirm_top, baseline, repeats) == extra
+    # 10 trials + extra, each re-measurement on its own server: (10 + extra) x (30 + 16) s
+    est = time_estimate(None, "cpu", n_trials=10, side_by_side=1, remeasured=extra)
+    assert (est.trials, est.starts) == (10 + extra, 10 + extra)
+    assert est.total_s == pytest.approx((10 + extra) * (30 + 3 + 10 + 3))
