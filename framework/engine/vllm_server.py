@@ -51,9 +51,10 @@ LOG_FORMAT = ("(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s
 
 def logging_config(level: str) -> dict:
     """vLLM's DEFAULT_LOGGING_CONFIG (vllm/logger.py) with millisecond timestamps, and uvicorn's
-    loggers on the same handler: vLLM hands a VLLM_LOGGING_CONFIG_PATH file to uvicorn as its
-    log config too (vllm/entrypoints/launchers/utils/server_utils.py, get_uvicorn_log_config),
-    so without them "Application startup complete." would not be printed."""
+    loggers on the same handler: where vLLM hands this file to uvicorn as its log config
+    (`vllm serve`'s path: configure_logging_from_args, then get_uvicorn_log_config in
+    vllm/entrypoints/launchers/utils/server_utils.py), uvicorn's lines would vanish without
+    them. `serve` calls entry.run_server directly, so uvicorn keeps its own format there."""
     quiet = {"handlers": ["vllm"], "level": "INFO", "propagate": False}
     return {
         "version": 1, "disable_existing_loggers": False,
