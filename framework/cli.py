@@ -189,7 +189,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     side = spec.concurrent_trials or args.side_by_side
     estimate = plan.time_estimate(phase_means(trials), spec.engine, spec.search.n_trials, side,
                                   plan.runs_per_server(space, spec.search.sampler)
-                                  if spec.server.reuse else 1)
+                                  if spec.server.reuse else 1, spec.search.screen,
+                                  spec.cluster.start_ahead,
+                                  plan.remeasurements(spec.search.confirm_top, spec.search.baseline,
+                                                      spec.search.baseline_repeats))
     print(f"sweep {spec.name}: {len(space.parameters)} parameters, "
           f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}")
     if share is None:
@@ -201,11 +204,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
               + (f" with {args.gpus} GPUs" if args.gpus else ""))
         for reason, count in share.top_reasons:
             print(f"    ruled out {count}x: {reason}")
-    phases = estimate.per_trial_s
-    per = ", ".join(f"{k} {v:.0f} s" for k, v in phases.items() if k != "startup")
-    print(f"  time: ({estimate.starts} server starts x {phases['startup']:.0f} s + "
-          f"{estimate.trials} trials x ({per})) / {estimate.side_by_side} side by side "
-          f"= ~{estimate.total_s / 60:.0f} min ({estimate.source})")
+    print("\n".join(estimate.lines()))
     return 0
 
 

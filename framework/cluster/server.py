@@ -235,6 +235,14 @@ class RayServer:
             with open(self.log_path, "ab") as fh:
                 fh.write(data)
 
+    def startup_log(self) -> str:
+        """The log so far: fetched from the node (`fetch_log`), then read on the driver."""
+        self.fetch_log()
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
     def stop(self) -> list[int]:
         """End every process of the server on every node (`_stop_tree` on the actor's node,
         then `_await_exit` for the group's other actors on theirs), fetch the log, then

@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from framework.base.errors import TrialError
 from framework.engine.control import serve_from_env
+from framework.engine.startup_log import SERVE_MARK
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -35,6 +39,54 @@ def redirect_output(log_path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+# --- start-up timing (framework.engine.startup_log reads what these write) ---
+LOGGING_CONFIG_VAR = "VLLM_LOGGING_CONFIG_PATH"  # vllm/envs.py; read by vllm/logger.py
+LOCAL_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+# vLLM's own format (vllm/logger.py `_FORMAT`) with the year and milliseconds in the time.
+LOG_FORMAT = ("(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s.%(msecs)03d "
+              "[%(fileinfo)s:%(lineno)d] %(message)s")
+
+
+def logging_config(level: str) -> dict:
+    """vLLM's DEFAULT_LOGGING_CONFIG (vllm/logger.py) with millisecond timestamps, and uvicorn's
+    loggers on the same handler: where vLLM hands this file to uvicorn as its log config
+    (`vllm serve`'s path: configure_logging_from_args, then get_uvicorn_log_config in
+    vllm/entrypoints/launchers/utils/server_utils.py), uvicorn's lines would vanish without
+    them. `serve` calls entry.run_server directly, so uvicorn keeps its own format there."""
+    quiet = {"handlers": ["vllm"], "level": "INFO", "propagate": False}
+    return {
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"vllm": {"()": "vllm.logging_utils.NewLineFormatter",
+                                "datefmt": LOCAL_TIME_FORMAT, "format": LOG_FORMAT}},
+        "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
+                              "level": level, "stream": "ext://sys.stdout"}},
+        "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False},
+                    "uvicorn": quiet, "uvicorn.access": quiet},
+    }
+
+
+def use_millisecond_log(argv: Sequence[str]) -> Path | None:
+    """Point VLLM_LOGGING_CONFIG_PATH at a `logging_config` file (returned, for removal) unless
+    the user chose a logging config (that variable, or a `--log-config-file` /
+    `--logging-config*` flag): theirs is kept, and start-up phases read from it may be coarser."""
+    if os.environ.get(LOGGING_CONFIG_VAR) or any(
+            a.startswith(("--log-config-file", "--logging-config")) for a in argv):
+        return None
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    fd, name = tempfile.mkstemp(prefix="vsweep-logging-", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(logging_config(level), fh)
+    os.environ[LOGGING_CONFIG_VAR] = name
+    return Path(name)
+
+
+def serve_mark(now: float) -> str:
+    """The line `serve` prints first: the epoch time and the same instant in local time, so a
+    log's local timestamps convert to epoch seconds whatever the node's time zone."""
+    local = time.strftime(LOCAL_TIME_FORMAT, time.localtime(now))
+    return f"{SERVE_MARK} epoch {now:.3f} local {local}.{int(now * 1000) % 1000:03d}"
 
 
 def parse_server_args(argv: Sequence[str]):
@@ -64,7 +116,20 @@ def serve(argv: Sequence[str]) -> None:
     resets the engine's prefix cache in-process (framework.engine.control), without vLLM's dev mode.
     Raises TrialError(invalid_args) for rejected arguments or configuration, and
     TrialError(startup_crash) for anything else that ends the server.
+    Prints `serve_mark` first and logs with millisecond timestamps (`use_millisecond_log`),
+    for the start-up phases (framework.engine.startup_log).
     """
+    print(serve_mark(time.time()), flush=True)
+    config_file = use_millisecond_log(argv)
+    try:
+        _serve(argv)
+    finally:
+        if config_file is not None:
+            config_file.unlink(missing_ok=True)
+            os.environ.pop(LOGGING_CONFIG_VAR, None)
+
+
+def _serve(argv: Sequence[str]) -> None:
     import uvloop
     from vllm.entrypoints.launchers.api_server import entry
 

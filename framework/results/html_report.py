@@ -9,7 +9,8 @@ parameter), which leave out trials whose load stopped early and say so; the tabl
 trials with units in its headers, what each violating trial broke and by how much, the
 stopped-early marking and a per-trial diagnosis (framework.results.diagnosis), in a box that
 scrolls both ways (its header row stays in view), so the page never runs wider than the
-window; the failures with their log tails. Every section degrades to a sentence when there is
+window; the failures with their log tails; where the sweep's time went
+(framework.results.time_report). Every section degrades to a sentence when there is
 nothing to plot. Every string taken from the rows (fail reasons and details, log tails,
 parameter values, versions) is HTML-escaped, also in plot labels.
 """
@@ -43,6 +44,7 @@ from framework.results.report_plots import missing
 from framework.results.report_plots import pareto_plot
 from framework.results.report_plots import stopped_early_note
 from framework.results.rows import param_column
+from framework.results.time_report import html_section as time_section
 from framework.results.verdict import decide
 
 _STATS = (("mean", "Mean"), ("median", "Median"), ("p99", "P99"))
@@ -214,6 +216,7 @@ def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[st
         else "<p>No trials yet.</p>",
         "<h2>Output quality</h2>", quality_section(trials),
         "<h2>Failures</h2>", _failures(trials),
+        "<h2>Where the time went</h2>", time_section(trials),
     ]
     page = (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style>"

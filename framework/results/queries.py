@@ -9,9 +9,11 @@ import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field
 
 import pandas as pd
 
+from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.results.early import cut_short
 from framework.results.early import requests_done
 from framework.results.early import text as _text
@@ -75,14 +77,19 @@ class PhaseMeans:
     warmup: float | None
     bench: float | None
     overhead: float | None
+    # each start-up phase column's mean over the fresh servers that logged it (startup_log)
+    startup_phases: Mapping[str, float] = field(default_factory=dict)
+    screen_survival: float | None = None  # COMPLETE / (COMPLETE + PRUNED)
 
 
 def phase_means(trials: pd.DataFrame) -> PhaseMeans | None:
     """The phase means of the COMPLETE trials (None if there is none); overhead = trial time
-    less start-up, warm-up and load, at least 0."""
+    less start-up, warm-up and load, at least 0; screen_survival = the share of the measured
+    trials (COMPLETE or PRUNED) that were not pruned."""
     done = trials[trials["state"] == "COMPLETE"] if not trials.empty else trials
     if done.empty:
         return None
+    pruned = int((trials["state"] == "PRUNED").sum())
 
     def col(name: str) -> pd.Series:  # rows of older schemas may lack a column
         return done[name].astype(float) if name in done else pd.Series(0.0, index=done.index)
@@ -95,10 +102,13 @@ def phase_means(trials: pd.DataFrame) -> PhaseMeans | None:
         value = series.mean()
         return None if pd.isna(value) or math.isnan(float(value)) else float(value)
 
+    phases = {c: mean(done[c].astype(float)[fresh]) for c, _ in STARTUP_PHASE_COLUMNS if c in done}
     return PhaseMeans(trials=len(done), startup=mean(col("startup_s")[fresh]), warmup=mean(warmup),
                       bench=mean(col("bench_s")),
                       overhead=mean((col("trial_s") - col("startup_s") - warmup
-                                     - col("bench_s")).clip(lower=0)))
+                                     - col("bench_s")).clip(lower=0)),
+                      startup_phases={c: v for c, v in phases.items() if v is not None},
+                      screen_survival=len(done) / (len(done) + pruned))
 
 
 def _cell(value: object) -> object:

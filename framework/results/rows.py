@@ -24,6 +24,7 @@ from framework.config.search_space import Param
 from framework.config.search_space import SearchSpace
 from framework.engine.feasibility import Feasibility
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
+from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.load.session_metrics import SESSION_COUNTS
 from framework.load.session_metrics import SESSION_METRICS
 from framework.results.diagnosis import diagnose
@@ -126,6 +127,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
         ("server_reused", "bool"), ("server_log", "str"), ("log_tail", "str"),
         ("gate_wait_s", "float"),  # start-ahead: waiting at the share gate (trial.share_gate)
     ]
+    columns += STARTUP_PHASE_COLUMNS  # startup_<phase>_s: engine.startup_log
     return columns
 
 
@@ -224,6 +226,8 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         if key in row:
             row[key] = value
     row.update({k: outcome.server_metrics.get(k) for k, _ in SERVER_METRIC_COLUMNS})
+    if outcome.startup_phases is not None:
+        row.update(outcome.startup_phases.columns())
     if ctx.feasibility is not None:
         for key, column in ESTIMATE_COLUMNS.items():
             row[column] = ctx.feasibility.numbers.get(key)

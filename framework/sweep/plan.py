@@ -7,9 +7,19 @@
   at most ENUMERATE_LIMIT configurations, else to SAMPLE_SIZE random ones (seeded).
 - Wall time = (server starts x start-up + trials x (warm-up + load + overhead)) / trials side
   by side, each phase taken from this sweep's finished trials when there are any (start-up:
-  of the trials that started their own server), else from DEFAULTS_S. Server starts = trials,
-  or with server.reuse and discrete run settings in the space, trials / runs_per_server: every
-  started server is measured at each combination of the run settings.
+  of the trials that started their own server, with its phases read from the servers' logs),
+  else from DEFAULTS_S. Server starts = trials, or with server.reuse and discrete run settings
+  in the space, trials / runs_per_server: every started server is measured at each
+  combination of the run settings; a reused server's trial has no start-up.
+- Screening (search.screen = f): a trial's load is f x the full run, plus the full run for
+  the share of trials that survive the screen (this sweep's COMPLETE / (COMPLETE + PRUNED),
+  else SCREEN_SURVIVAL).
+- Start-ahead (cluster.start_ahead = k, CPU): 1 + k servers start side by side, each
+  1 + 0.31 k times as long (SIDE_BY_SIDE_SLOWDOWN), while nothing is measured; trials are
+  measured one at a time: wall = starts x start-up x (1 + 0.31 k) / (1 + k) + trials x
+  (warm-up + load + overhead).
+- Re-measurements (search.confirm_top, the baseline's last repeat) are trials beyond n_trials,
+  each on a fresh server.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 from framework.engine.feasibility import Feasibility
@@ -38,6 +49,11 @@ from framework.config.search_space import SearchSpace
 from framework.config.search_space import discrete_values
 
 ENUMERATE_LIMIT = 20_000
+# Start-ahead: each of two CPU start-ups side by side took 1.31x as long as one alone
+# (docs/BENCHMARKS.md, "Start-ahead on the CPU engine"); taken as + 0.31 per neighbour.
+SIDE_BY_SIDE_SLOWDOWN = 1.31
+# Without history: the share of trials taken to survive a screening run.
+SCREEN_SURVIVAL = 0.5
 SAMPLE_SIZE = 2_000
 # Phase times (s) without history: CPU measured here (tiny model, enforce-eager); GPU a
 # typical 8B-70B start (weights load + CUDA graph capture).
@@ -131,30 +147,96 @@ def runs_per_server(space: SearchSpace, sampler: str) -> int:
 
 @dataclass(frozen=True)
 class TimeEstimate:
+    """`per_trial_s`: startup (one fresh server's), warmup, bench (a trial's expected load:
+    with screening, the screen plus the surviving share of the full load), overhead."""
+
     per_trial_s: dict[str, float]
     source: str
     trials: int
     side_by_side: int
     starts: int  # servers started (fewer than trials when trials reuse servers)
+    start_ahead: int = 0
+    startup_phases: Mapping[str, float] = field(default_factory=dict)  # seconds, by column
+    screen: str = ""  # how screening shaped `bench`, for the printout
+
+    @property
+    def startup_wall_s(self) -> float:
+        """Wall seconds of all start-ups: with start-ahead, 1 + k start side by side, each
+        1 + (SIDE_BY_SIDE_SLOWDOWN - 1) x k times as long, never during a measurement."""
+        total = self.starts * self.per_trial_s["startup"]
+        if not self.start_ahead:
+            return total / max(1, self.side_by_side)
+        k = self.start_ahead
+        return total * (1 + (SIDE_BY_SIDE_SLOWDOWN - 1) * k) / (1 + k)
 
     @property
     def total_s(self) -> float:
         per = self.per_trial_s
-        rest = sum(v for k, v in per.items() if k != "startup")
-        return (self.starts * per["startup"] + self.trials * rest) / max(1, self.side_by_side)
+        rest = self.trials * sum(v for k, v in per.items() if k != "startup")
+        # start-ahead measures one trial at a time (trial.share_gate); else trials side by side
+        # run on devices of their own
+        return self.startup_wall_s + rest / (1 if self.start_ahead else max(1, self.side_by_side))
+
+    def lines(self) -> list[str]:
+        """The printout: the formula with its numbers, the start-up by phase, screening."""
+        per = self.per_trial_s
+        rest = ", ".join(f"{k} {v:.0f} s" for k, v in per.items() if k != "startup")
+        if self.start_ahead:
+            k = self.start_ahead
+            head = (f"{self.starts} server starts x {per['startup']:.0f} s x "
+                    f"{1 + (SIDE_BY_SIDE_SLOWDOWN - 1) * k:.2f} / {1 + k} side by side "
+                    f"(start-ahead {k}) + {self.trials} trials x ({rest}) one at a time")
+        else:
+            head = (f"({self.starts} server starts x {per['startup']:.0f} s + {self.trials} "
+                    f"trials x ({rest})) / {self.side_by_side} side by side")
+        out = [f"  time: {head} = ~{self.total_s / 60:.0f} min ({self.source})"]
+        if self.startup_phases:
+            out.append("    start-up by phase: " + ", ".join(
+                f"{c.removeprefix('startup_').removesuffix('_s')} {v:.1f} s"
+                for c, v in self.startup_phases.items()))
+        if self.screen:
+            out.append(f"    screening: {self.screen}")
+        return out
+
+
+def remeasurements(confirm_top: int, baseline: bool, baseline_repeats: int) -> int:
+    """Trials beyond search.n_trials, each on a fresh server (sweep.remeasure): the confirmation
+    runs of the top `confirm_top` and the baseline's last re-measurement (the mid-search ones
+    count toward n_trials); a second confirmation round, when the first meets no SLA, is not
+    foreseen."""
+    return confirm_top + int(baseline and baseline_repeats >= 1)
 
 
 def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
-                  side_by_side: int, runs_per_server: int = 1) -> TimeEstimate:
+                  side_by_side: int, runs_per_server: int = 1, screen: float | None = None,
+                  start_ahead: int = 0, remeasured: int = 0) -> TimeEstimate:
     """Phase means of the finished trials of this sweep (results.queries.phase_means), else
-    DEFAULTS_S for the engine (also for a phase no trial measured)."""
-    starts = math.ceil(n_trials / max(1, runs_per_server))
+    DEFAULTS_S for the engine (also for a phase no trial measured).
+
+    `screen` (search.screen = f): a trial's load is the screen (f x the full run) plus the
+    full run for the share that survives it (history's screen_survival, else
+    SCREEN_SURVIVAL); history's bench mean, of COMPLETE trials, held both: full = bench /
+    (1 + f). `start_ahead`: see TimeEstimate.startup_wall_s. `remeasured` (`remeasurements`):
+    trials added to n_trials, each starting its own server."""
+    starts = math.ceil(n_trials / max(1, runs_per_server)) + remeasured
     base = dict(DEFAULTS_S[engine])
+    phases: Mapping[str, float] = {}
+    survival = SCREEN_SURVIVAL
     if history is None:
-        return TimeEstimate(base, f"defaults for the {engine} engine", n_trials, side_by_side,
-                            starts)
-    measured = {"startup": history.startup, "warmup": history.warmup, "bench": history.bench,
-                "overhead": history.overhead}
-    per = {k: v if v is not None else base[k] for k, v in measured.items()}
-    return TimeEstimate(per, f"means of this sweep's {history.trials} measured trials", n_trials,
-                        side_by_side, starts)
+        per, source = base, f"defaults for the {engine} engine"
+    else:
+        measured = {"startup": history.startup, "warmup": history.warmup,
+                    "bench": history.bench, "overhead": history.overhead}
+        per = {k: v if v is not None else base[k] for k, v in measured.items()}
+        if screen is not None and history.bench is not None:
+            per["bench"] = history.bench / (1 + screen)
+        survival = history.screen_survival if history.screen_survival is not None else survival
+        phases, source = history.startup_phases, f"means of this sweep's {history.trials} measured trials"
+    note = ""
+    if screen is not None:
+        full = per["bench"]
+        per = {**per, "bench": full * (screen + survival)}
+        note = (f"load {full:.0f} s x ({screen:g} screen + {survival:.0%} surviving) = "
+                f"{per['bench']:.0f} s per trial")
+    return TimeEstimate(per, source, n_trials + remeasured, side_by_side, starts, start_ahead,
+                        phases, note)

@@ -24,6 +24,9 @@ from framework.base.vocabulary import COUNT_METRICS
 from framework.base.vocabulary import PEAK_METRICS
 from framework.engine.server_metrics import MetricsSampler
 from framework.engine.server_metrics import summarize
+from framework.engine.startup_log import StartupPhases
+from framework.engine.startup_log import phases as startup_phases
+from framework.engine.startup_log import read_marks
 from framework.engine.vllm_server import log_tail
 from framework.engine.vllm_server import startup_failure
 from framework.load.loadgen import RequestRecord
@@ -65,6 +68,10 @@ class ServerHandle(Protocol):
     def command(self, name: str, timeout_s: float = 60.0) -> str:
         """A control command to the server process (framework.engine.control): its answer line."""
 
+    def startup_log(self) -> str:
+        """The server's log so far ('' if unreadable); read once it is ready, for its start-up
+        phases (framework.engine.startup_log)."""
+
 
 class ServerLauncher(Protocol):
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
@@ -94,6 +101,7 @@ class TrialOutcome:
     launch_s: float | None = None
     startup_s: float | None = None
     gate_wait_s: float = 0.0  # waiting at the share gate (start-ahead), in startup_s or not
+    startup_phases: StartupPhases | None = None  # a fresh server's, read from its log
     warmup_s: float | None = None
     bench_s: float | None = None
     trial_s: float = 0.0
@@ -266,6 +274,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     deadline = Deadline(None, clock)
     ready = False
     gate_wait_s = 0.0
+    go_at = time.time()  # wall clock when the server was let start (startup_log.phases)
     starting = False  # inside the gate's busy work
     try:
         def remember(host: str, port: int) -> list[str]:
@@ -273,7 +282,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
             return argv
 
         def placed() -> None:
-            nonlocal placement_wait_s, deadline, gate_wait_s, starting
+            nonlocal placement_wait_s, deadline, gate_wait_s, starting, go_at
             placement_wait_s = clock() - t0
             on_placed()
             if reuse is None:
@@ -281,6 +290,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                 gate.enter_busy()
                 starting = True
                 gate_wait_s += clock() - t_gate
+            go_at = time.time()
             deadline = Deadline(plan.trial_timeout_s, clock)
 
         if reuse is not None:
@@ -300,6 +310,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         _await_ready(server, plan.startup_timeout_s, deadline)
         ready = True
         startup_s = clock() - t0 - gate_wait_s
+        phases = None if reuse is not None else startup_phases(
+            read_marks(server.startup_log()), placement_wait_s or 0.0, go_at, startup_s)
         if starting:
             starting = False
             gate.leave_busy()
@@ -320,6 +332,7 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
         return TrialOutcome(started_at=started_at, argv=tuple(argv), node_ip=server.node_ip,
                             placement=server.placement, placement_wait_s=placement_wait_s,
                             launch_s=launch_s, startup_s=startup_s, gate_wait_s=gate_wait_s,
+                            startup_phases=phases,
                             warmup_s=times["warmup_s"], bench_s=times["bench_s"],
                             trial_s=clock() - t0, metrics=measured.metrics,
                             runs=tuple(measured.runs),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from framework.config.search_space import load_search_space
@@ -154,6 +155,12 @@ def test_report_of_a_fake_sweep_renders_in_chromium(fake_sweep, tmp_path):
     assert f"Left out of the plots and the importances: trial {small} (after {done}" in text
     assert verdict[number] == "not_measured" and "FAIL(unplaceable)" in table[number]
     assert set(verdict.values()) <= set(VERDICTS)
+    # where the time went: the measured load over the wall time, computed here from the rows
+    ends = trials["started_at"] + pd.to_timedelta(trials["trial_s"].fillna(0), unit="s")
+    wall = (ends.max() - trials["started_at"].min()).total_seconds()
+    spent = text[text.index("<h2>Where the time went</h2>"):]
+    assert f"Efficiency: {100 * trials['bench_s'].sum() / wall:.1f}% of the wall time" in spent
+    assert "start-up: API ready" in spent
 
     result = check_report(out, min_plots=3)  # the trial table reachable at 1400 px
     assert result.title == f"vllm-sweep report: {NAME}"

@@ -47,6 +47,7 @@ class LocalServer:
 
     def __init__(self, argv: Sequence[str], port: int, log_path: Path, env: dict[str, str]) -> None:
         self.base_url, self.node_ip, self.placement = f"http://{HOST}:{port}", HOST, (HOST,)
+        self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-c", SERVE, *argv], env=env,
@@ -77,6 +78,9 @@ class LocalServer:
 
     def command(self, name: str, timeout_s: float = 60.0) -> str:
         raise AssertionError("server.reuse is off in this test")
+
+    def startup_log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
 
 
 class LocalLauncher:

@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import time
+from pathlib import Path
 
 import duckdb
 import kubernetes_validate
@@ -15,6 +16,8 @@ import pytest
 import yaml
 
 from framework.cluster.serve_llm import check_ray_serve_config
+from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
+from framework.engine.startup_log import read_marks
 from framework.results.diagnosis import VERDICTS
 from tests.browser import check_sweep_report
 from tests.helpers import cli_env
@@ -28,6 +31,7 @@ from tests.helpers import wait_no_marked_processes
 from tests.helpers import write_sweep
 
 pytestmark = pytest.mark.server
+PHASES = [name for name, _ in STARTUP_PHASE_COLUMNS]
 
 
 @pytest.mark.timeout(900)
@@ -67,6 +71,16 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
             assert row["output_throughput"] > 0 and row["p99_ttft_ms"] > 0
             assert row["startup_s"] > 1 and row["bench_s"] > 0
             assert row["feasible"] == (row["p99_ttft_ms"] <= 2000 and row["p99_tpot_ms"] <= 100)
+            # Start-up phases from the server's own log (engine.startup_log): each known, >= 0,
+            # adding up to startup_s; the log carries every closing line, so the API phase
+            # (the remainder) is only the app and uvicorn starting, not a missed phase.
+            phases = [row[c] for c in PHASES]
+            assert all(pd.notna(v) and v >= 0 for v in phases), dict(zip(PHASES, phases))
+            assert sum(phases) == pytest.approx(row["startup_s"], rel=0.05)
+            assert row["startup_api_s"] < 10, dict(zip(PHASES, phases))
+            log = Path(row["server_log"])
+            marks = read_marks((log if log.is_absolute() else short_tmp / log).read_text())
+            assert marks.weights_end <= marks.engine_end <= marks.api_start, marks
         # The quality probe: the baseline probes twice (its self-agreement, stored with its
         # answers); the tuned trial changes no flag that changes outputs and is not probed.
         assert baseline["quality_ok"] and baseline["token_agreement"] == baseline[

@@ -10,8 +10,10 @@ from framework.config.search_space import load_search_space
 from framework.engine.feasibility import Feasibility
 from framework.results.queries import phase_means
 from framework.sweep.plan import DEFAULTS_S
+from framework.sweep.plan import TimeEstimate
 from framework.sweep.plan import configurations
 from framework.sweep.plan import feasible_share
+from framework.sweep.plan import remeasurements
 from framework.sweep.plan import runs_per_server
 from framework.sweep.plan import sample
 from framework.sweep.plan import space_size
@@ -118,4 +120,83 @@ def test_plan_command_on_the_seeds_70b_sweep():
     assert lines[0] == "sweep llama70b-8xa100: 9 parameters, unbounded (float ranges)"
     assert "configurations pass" in lines[1] and "with 8 GPUs" in lines[1]
     assert any("TP N x PP N = N workers, but only N devices are available" in ln for ln in lines)
-    assert lines[-1].startswith("  time: (30 server starts x 180 s + 30 trials x (warmup 10 s")
+    # 30 trials + 1 confirmation run (confirm_top's default; no baseline to repeat)
+    assert lines[-1].startswith("  time: (31 server starts x 180 s + 31 trials x (warmup 10 s")
+
+
+PER = {"startup": 40.0, "warmup": 3.0, "bench": 10.0, "overhead": 2.0}
+
+
+@pytest.mark.parametrize("starts, side, start_ahead, expected", [
+    # sequential: 4 x 40 + 4 x 15 = 220
+    (4, 1, 0, 4 * 40 + 4 * 15),
+    # reuse: 2 servers for 4 trials: 2 x 40 + 4 x 15 = 140
+    (2, 1, 0, 2 * 40 + 4 * 15),
+    # GPU trials side by side on their own devices: (4 x 40 + 4 x 15) / 2 = 110
+    (4, 2, 0, (4 * 40 + 4 * 15) / 2),
+    # start-ahead 1: pairs of start-ups, each 1.31x: 4 x 40 x 1.31 / 2 = 104.8, measured one
+    # at a time: + 60 = 164.8
+    (4, 2, 1, 4 * 40 * 1.31 / 2 + 60),
+    # start-ahead 2: three at once, each 1 + 2 x 0.31 = 1.62x: 4 x 40 x 1.62 / 3 = 86.4, + 60
+    (4, 3, 2, 4 * 40 * 1.62 / 3 + 60),
+])
+def test_wall_time_counts_reuse_and_start_ahead(starts, side, start_ahead, expected):
+    est = TimeEstimate(dict(PER), "test", trials=4, side_by_side=side, starts=starts,
+                       start_ahead=start_ahead)
+    assert est.total_s == pytest.approx(expected)
+
+
+def test_start_ahead_reproduces_the_measured_wall_ratio():
+    """docs/BENCHMARKS.md, start-ahead (4 trials): median start-up 36.6 s, wall 186 s without;
+    the rest per trial = (186 - 4 x 36.6) / 4 = 9.9 s. With start-ahead 1 the estimate is
+    4 x 36.6 x 1.31 / 2 + 4 x 9.9 = 135.5 s: 0.73x, where 0.74x [0.72-0.97] was measured."""
+    per = {"startup": 36.6, "warmup": 0.0, "bench": 9.9, "overhead": 0.0}
+    today = TimeEstimate(per, "bench", trials=4, side_by_side=1, starts=4)
+    ahead = TimeEstimate(per, "bench", trials=4, side_by_side=2, starts=4, start_ahead=1)
+    assert today.total_s == pytest.approx(186.0, abs=0.5)
+    assert ahead.total_s / today.total_s == pytest.approx(0.73, abs=0.01)
+
+
+@pytest.mark.parametrize("states, bench, screen, expected_bench", [
+    # no history: 10 s full run x (0.2 screen + 50% default survival) = 7
+    (None, None, 0.2, 10.0 * 0.7),
+    # history: 3 COMPLETE (screen + full: bench 12 = 10 x 1.2), 1 PRUNED: survival 3/4;
+    # 10 x (0.2 + 0.75) = 9.5
+    (["COMPLETE", "COMPLETE", "COMPLETE", "PRUNED"], 12.0, 0.2, 9.5),
+    # no screening: the COMPLETE trials' mean as it is
+    (["COMPLETE", "COMPLETE", "COMPLETE", "PRUNED"], 12.0, None, 12.0),
+])
+def test_screening_counts_the_screen_and_the_survivors(states, bench, screen, expected_bench):
+    history = None if states is None else phase_means(rows(
+        state=states, startup_s=[30.0] * 4, warmup_s=[1.0] * 4, bench_s=[bench] * 4,
+        trial_s=[45.0] * 4))
+    est = time_estimate(history, "cpu", n_trials=4, side_by_side=1, screen=screen)
+    assert est.per_trial_s["bench"] == pytest.approx(expected_bench)
+    assert ("screening:" in "\n".join(est.lines())) == (screen is not None)
+
+
+def test_start_up_phases_come_from_fresh_servers_and_are_printed():
+    # trial 0 fresh: imports 30, api 2; trial 1 fresh: imports 20, api 4; trial 2 reused
+    history = phase_means(rows(
+        state=["COMPLETE"] * 3, startup_s=[33.0, 25.0, 0.2], server_reused=[False, False, True],
+        warmup_s=[1.0] * 3, bench_s=[10.0] * 3, trial_s=[45.0, 37.0, 11.0],
+        startup_placement_s=[1.0, 1.0, None], startup_imports_s=[30.0, 20.0, None],
+        startup_api_s=[2.0, 4.0, None]))
+    assert history.startup_phases == {"startup_placement_s": 1.0, "startup_imports_s": 25.0,
+                                      "startup_api_s": 3.0}
+    assert history.startup == 29.0  # the phases' means add up to the start-up mean
+    est = time_estimate(history, "cpu", n_trials=4, side_by_side=1)
+    assert "start-up by phase: placement 1.0 s, imports 25.0 s, api 3.0 s" in "\n".join(est.lines())
+
+
+@pytest.mark.parametrize("confirm_top, baseline, repeats, extra", [
+    (2, True, 2, 3),   # the quickstart: 2 confirmations + the baseline's last repeat
+    (1, True, 0, 1),   # no baseline repeat
+    (0, False, 2, 0),  # no baseline: nothing to repeat
+])
+def test_remeasurements_add_fresh_trials(confirm_top, baseline, repeats, extra):
+    assert remeasurements(confirm_top, baseline, repeats) == extra
+    # 10 trials + extra, each re-measurement on its own server: (10 + extra) x (30 + 16) s
+    est = time_estimate(None, "cpu", n_trials=10, side_by_side=1, remeasured=extra)
+    assert (est.trials, est.starts) == (10 + extra, 10 + extra)
+    assert est.total_s == pytest.approx((10 + extra) * (30 + 3 + 10 + 3))

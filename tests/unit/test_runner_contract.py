@@ -23,12 +23,14 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from rich.console import Console
 
 from framework.base.errors import TrialError
 from framework.engine import control
+from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.results.verdict import decide
 from framework.search.tuner import Evaluation
 from framework.search.tuner import Proposal
@@ -41,6 +43,7 @@ from tests.helpers import ROOT
 HOST = "127.0.0.1"
 SERVE = "import sys; from framework.engine.fake_engine import serve; serve(sys.argv[1:])"
 PLACEMENT_TIMEOUT_S = 20.0  # a device never freed fails the trial, not the test run
+PHASES = [name for name, _ in STARTUP_PHASE_COLUMNS]
 FAST = {"FAKE_ENGINE_STARTUP_S": "0.05", "FAKE_ENGINE_TTFT_MS": "1", "FAKE_ENGINE_TPOT_MS": "1"}
 
 
@@ -52,6 +55,7 @@ class FakeServer:
         self.base_url, self.node_ip = f"http://{HOST}:{port}", HOST
         self.placement = (HOST,) * bundles
         self.argv, self.devices, self._release = tuple(argv), devices, release
+        self.log_path = log_path
         self.socket = str(Path(tempfile.gettempdir()) / f"vst-{uuid.uuid4().hex[:12]}.sock")
         env = {**os.environ, **FAST, control.SOCKET_VAR: self.socket,
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -85,6 +89,9 @@ class FakeServer:
     def command(self, name: str, timeout_s: float = 60.0) -> str:
         self.commands.append(name)
         return control.send(self.socket, name, timeout_s)
+
+    def startup_log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
 
 
 class FakeLauncher:
@@ -254,6 +261,13 @@ def test_reuse_hands_the_server_to_the_next_trial_with_equal_flags(tmp_path):
         assert pair["serve_command"].nunique() == 1 and pair["server_log"].nunique() == 1
         assert server.commands == ["reset_prefix_cache"]
         assert (pair["prefix_cache_hit_rate"] == 0).all()  # same prompts: only a reset shows none
+        # start-up phases: FakeEngine logs none of vLLM's lines, so placement + api (the rest)
+        # make the fresh server's startup_s; a reused server has none
+        fresh, reused = pair.iloc[0], pair.iloc[1]
+        assert fresh["startup_placement_s"] + fresh["startup_api_s"] == pytest.approx(
+            fresh["startup_s"])
+        assert pd.isna(fresh["startup_weights_s"]) and fresh["startup_api_s"] > 0
+        assert all(pd.isna(reused[c]) for c in PHASES)
     assert [s.stops for s in launcher.servers] == [1, 1]
     assert launcher.most_held <= 1 and launcher.held == 0
     assert "reusing the running server" in out
