@@ -7,6 +7,7 @@ Layout under `results/<sweep>/`:
     probes/trial-00007.parquet                    the quality probe's answers (probed trials)
     logs/trial-00007.log                          full server log
     optuna.journal                                the Optuna study (resume state)
+    origin.json                                   the sweep file and working directory it ran from
 
 Contract: one file per trial number, written to a hidden temp name and renamed into place, so a
 reader never sees a partial file and writing the same trial again replaces it (no duplicates
@@ -15,6 +16,7 @@ on resume). Columns are typed by an explicit schema, never inferred.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -37,6 +39,16 @@ KINDS: dict[str, pa.DataType] = {
 }
 
 Columns = Sequence[tuple[str, str]]
+ORIGIN = "origin.json"
+
+
+def read_origin(sweep_dir: Path) -> tuple[Path, Path] | None:
+    """(sweep file, working directory) a results directory was written from; None if unknown."""
+    try:
+        data = json.loads((sweep_dir / ORIGIN).read_text())
+        return Path(data["sweep_file"]), Path(data["cwd"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def arrow_schema(columns: Columns) -> pa.Schema:
@@ -93,6 +105,15 @@ class ResultStore:
     @property
     def journal_path(self) -> Path:
         return self.sweep_dir / "optuna.journal"
+
+    def write_origin(self, sweep_file: Path) -> None:
+        """Record which sweep file (absolute) ran from which working directory, so that a
+        results directory leads back to its sweep (`compare results/<sweep>`)."""
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.sweep_dir / ".origin.json.tmp"
+        tmp.write_text(json.dumps({"sweep_file": str(sweep_file.resolve()),
+                                   "cwd": str(Path.cwd())}))
+        os.replace(tmp, self.sweep_dir / ORIGIN)
 
     def write_trial(self, row: Mapping[str, Any], columns: Columns) -> Path:
         """Write (or replace) the row of trial `row['trial_number']`."""

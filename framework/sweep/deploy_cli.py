@@ -7,6 +7,7 @@ configuration), 2 bad input (ConfigError)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -33,7 +34,8 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
 
 def add_compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweeps", nargs="+", metavar="SWEEP",
-                   help="sweep YAML files of one model and workload on different hardware")
+                   help="sweeps of one model and workload on different hardware: their YAML "
+                   "files or their results directories (results/<sweep>)")
     p.add_argument("--target", type=float, default=None, metavar="RPS",
                    help="requests/s the fleet must carry (default: the sweeps' target:)")
     p.add_argument("--allow-different", action="store_true",
@@ -42,10 +44,27 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
 
 
 def _stored(path: str):
+    """A sweep and its trial rows, from its YAML file or from its results directory (whose
+    origin.json names the sweep file and the directory it ran from: its relative paths are
+    read from there)."""
+    from framework.results.store import read_origin
     from framework.sweep import loader as sweep_mod
 
-    sw = sweep_mod.load(Path(path), check_flags=False)
-    return sw, sw.store.read_trials()
+    where = Path(path)
+    if not where.is_dir():
+        sw = sweep_mod.load(where, check_flags=False)
+        return sw, sw.store.read_trials()
+    origin = read_origin(where)
+    if origin is None:
+        raise ConfigError(path, "(results directory)", path, "no origin.json here: give the sweep "
+                          "file, or a results directory written by `vllm-sweep run`")
+    sweep_file, cwd = origin
+    if not sweep_file.is_file() or not cwd.is_dir():
+        raise ConfigError(path, "origin.json", str(sweep_file), "the sweep file it ran from is "
+                          "gone; give the sweep file instead")
+    with contextlib.chdir(cwd):
+        sw = sweep_mod.load(sweep_file, check_flags=False)
+        return sw, sw.store.read_trials()
 
 
 def _image(version: object) -> str:

@@ -115,6 +115,7 @@ class Runner:
         self.sweep, self.launcher, self.console = sweep, launcher, console
         self.spec = spec = sweep.spec
         self.store = sweep.store
+        self.store.write_origin(sweep.path)
         classes = class_names(w.mix for w in (*spec.workloads, spec.workload))
         self.columns = trial_columns(sweep.space, spec.workload.percentiles, list(spec.sla),
                                      classes)

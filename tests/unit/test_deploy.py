@@ -263,3 +263,25 @@ def test_target_from_trace_is_the_traces_mean_rate():
         "target": {"from_trace": True}})
     # 150 requests, timestamps 56 ms .. 33447 ms: 150 / 33.391 s = 4.492 req/s
     assert target_rps(spec) == pytest.approx(150 / 33.391)
+
+
+def test_compare_takes_results_directories(tmp_path, tiny_model, monkeypatch):
+    # The same two sweeps as above, named by their results directories: each one's origin.json
+    # leads back to its sweep file, whose relative results_dir is read from where it ran.
+    h100 = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0)
+    l4 = capacity_sweep(tmp_path, tiny_model, "l4", "L4-24GB", [2.5, 2.0], 250.0)
+    monkeypatch.chdir(tmp_path)
+    for sweep in (h100, l4):
+        sweep.write_text(sweep.read_text().replace(str(tmp_path / "results"), "results"))
+        ResultStore(Path("results"), sweep.stem).write_origin(sweep)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res = cli_in_process("compare", "../results/h100", "../results/l4", cwd=elsewhere)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1].startswith(
+        "cheapest: l4 (gpu L4-24GB): 9.59 USD/hour, 12 replicas")
+    (tmp_path / "results" / "l4" / "origin.json").unlink()
+    res = cli_in_process("compare", "../results/h100", "../results/l4", cwd=elsewhere)
+    assert res.returncode == 2 and "no origin.json here" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

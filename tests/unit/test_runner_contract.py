@@ -31,6 +31,7 @@ from rich.console import Console
 from framework.base.errors import TrialError
 from framework.engine import control
 from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
+from framework.results.store import read_origin
 from framework.results.verdict import decide
 from framework.search.tuner import Evaluation
 from framework.search.tuner import Proposal
@@ -230,6 +231,7 @@ def _told_once_with_rows(runner: Runner, counted: Counted, n: int):
     assert list(trials["trial_number"]) == list(range(n))
     for number in range(n):
         assert runner.store.requests_path(number).is_file()
+    assert read_origin(runner.store.sweep_dir) == (runner.sweep.path.resolve(), Path.cwd())
     return trials
 
 
