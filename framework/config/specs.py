@@ -328,6 +328,14 @@ class SweepSpec(_Spec):
         return self
 
     @model_validator(mode="after")
+    def _fleet_one_workload(self) -> SweepSpec:
+        metric = next((m for m in self.objective.metrics if m in FLEET_OBJECTIVES), None)
+        if metric is not None and self.workloads:
+            raise ValueError(f"objective {metric} sizes one workload's fleet; it does not "
+                             "combine with workloads: (one metric per workload)")
+        return self
+
+    @model_validator(mode="after")
     def _target_from_trace(self) -> SweepSpec:
         if self.target is not None and self.target.from_trace \
                 and any(w.dataset != "timed_trace" for w in (self.workload, *self.workloads)):

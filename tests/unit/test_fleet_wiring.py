@@ -92,6 +92,8 @@ def spec(**extra) -> SweepSpec:
     ({"objective": {"metric": "output_throughput"}, "target": {"request_rate": 10}},
      r"the objective is capacity_rps \(maximized\) or one of"),
     ({"target": {"request_rate": 10, "from_trace": True}}, "exactly one of"),
+    ({"objective": {"metric": "cost_per_mtok_output"}, "capacity": None,
+      "workloads": [{"name": "a"}, {"name": "b"}]}, "does not combine with workloads"),
 ])
 def test_fleet_objectives_are_validated(extra, error):
     with pytest.raises(ValueError, match=error):
