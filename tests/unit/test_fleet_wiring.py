@@ -265,3 +265,40 @@ def test_no_capacity_is_an_infeasible_trial_not_zero_gpus(tmp_path):
     assert told.values == [1e12] and told.constraints["feasibility"] == 1.0
     decision = sweep_decision(runner.store.read_trials(), sw.spec, sw.space, "s.yaml")
     assert not decision.feasible and decision.as_json()["fleet"] is None
+
+
+def _rows(capacities: list[float], feasible: bool = True) -> pd.DataFrame:
+    """Trial 0 and its confirmation runs, each with the fleet columns of its capacity (target
+    40 req/s, price 2.0 per replica-hour)."""
+    rows = []
+    for i, capacity in enumerate(capacities):
+        fleet = fleet_values({"capacity_rps": capacity, "output_throughput": 1000.0}, Target(40),
+                             Price(2.0, None, "USD", "sweep pricing.per_replica_hour"))
+        rows.append({"trial_number": i, "state": "COMPLETE", "is_baseline": False,
+                     "confirmation_of": None if i == 0 else 0, "objective": capacity,
+                     "feasible": feasible, "p99_ttft_ms": 100.0, "objective_cv": None,
+                     "repeats": 1, "stopped_early": None, "capacity_rps": capacity,
+                     "output_throughput": 1000.0, "serve_command": "vllm serve m <&>", **fleet})
+    return pd.DataFrame(rows)
+
+
+def test_the_fleet_is_sized_on_the_lowest_capacity_of_the_shipped_configuration():
+    trials = _rows([10.0, 8.0, 9.0])  # trial 0, confirmed twice: 8 req/s is the least favourable
+    verdict = decide(trials, "capacity_rps", True, {"p99_ttft_ms": 500})
+    f = fleet_answer(trials, verdict)
+    assert verdict.ship == 0 and f is not None
+    assert (f.trial, f.measurements, f.capacity_rps, f.replicas) == (1, 3, 8.0, 5)  # 40 / 8
+    assert f.cost_per_hour == 10.0  # 5 x 2.0
+    assert fleet_text(f).startswith("Fleet for 40 req/s: 5 replicas x 1 GPU = 5 GPUs at 8 req/s")
+
+
+def test_decision_section_escapes_and_says_when_nothing_ships():
+    from framework.results.decision_report import decision_section
+
+    s = spec(target={"request_rate": 40}, objective={"metric": "capacity_rps"})
+    page = decision_section(_rows([10.0]), s, "sweeps/x.yaml")
+    assert "vllm serve m &lt;&amp;&gt;" in page and "<&>" not in page
+    assert "vllm-sweep export sweeps/x.yaml --format k8s" in page
+    assert "8.00 USD" in page and "sweep pricing.per_replica_hour" in page  # 40 / 10 = 4 x 2.0
+    none = decision_section(_rows([0.0], feasible=False), s, "sweeps/x.yaml")
+    assert "id='decision-none'" in none and "No feasible configuration" in none
