@@ -105,11 +105,12 @@ def no_value(metric: str) -> str:
 
 def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str,
              also: Sequence[str] = (), judged: Mapping[str, float] | None = None) -> Verdict:
-    """Apply the SLA to one trial's metrics (which must hold every SLA key and objective);
+    """Apply the SLA to one trial's metrics (which must hold every SLA key and objective but
+    a fleet objective);
     `also`: further objectives (multi-objective search); `judged`: SLA values to use instead
     of the metrics' own (repeated runs; min_token_agreement, which no load run measures).
-    error_rate is computed from completed and failed. An objective absent from the metrics has
-    no value (module docstring)."""
+    error_rate is computed from completed and failed. A fleet objective absent from the
+    metrics has no value (module docstring)."""
     values = {**metrics, "error_rate": error_rate(metrics), **(judged or {})}
     constraints: dict[str, float] = {}
     violations: list[str] = []
@@ -120,7 +121,8 @@ def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_m
         constraints[key] = excess if key == "error_rate" or lower else excess / limit
         if excess > 0:
             violations.append(violation_text(key, value, limit))
-    objectives = [values.get(m) for m in (objective_metric, *also)]
+    objectives = [values.get(m) if m in FLEET_OBJECTIVES else values[m]
+                  for m in (objective_metric, *also)]
     violations += [no_value(m) for m, v in zip((objective_metric, *also), objectives) if v is None]
     numbers = tuple(math.nan if v is None else float(v) for v in objectives)
     return Verdict(objective=numbers[0], feasible=not violations, constraints=constraints,
@@ -140,7 +142,7 @@ def evaluate_repeated(runs: Sequence[Mapping[str, float]], sla: Mapping[str, flo
     combined = combine(runs, COUNT_METRICS, PEAK_METRICS)
     judged = dict(judged or {})
     extra: dict[str, float | None] = {"repeats": float(len(runs))}
-    if all(r.get(objective_metric) is not None for r in runs):
+    if all(objective_metric in r for r in runs):  # else a fleet objective without a value
         objective = mean_ci([float(r[objective_metric]) for r in runs])
         extra.update(objective_ci95_low=objective.low, objective_ci95_high=objective.high,
                      objective_cv=objective.cv)
