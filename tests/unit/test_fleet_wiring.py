@@ -302,3 +302,13 @@ def test_decision_section_escapes_and_says_when_nothing_ships():
     assert "8.00 USD" in page and "sweep pricing.per_replica_hour" in page  # 40 / 10 = 4 x 2.0
     none = decision_section(_rows([0.0], feasible=False), s, "sweeps/x.yaml")
     assert "id='decision-none'" in none and "No feasible configuration" in none
+
+
+def test_a_capacity_found_after_a_step_stopped_early_is_a_measurement():
+    """Capacity mode: a step above the capacity stopped early (its SLA surely broken) leaves
+    `stopped_early` set, but the capacity's own step ran in full: the verdict counts it (the
+    real example sweep found 362 req/s this way and was called infeasible before)."""
+    trials = _rows([10.0]).assign(stopped_early="p99_ttft_ms: at least 304 ms")
+    assert decide(trials, "capacity_rps", True, {"p99_ttft_ms": 500}).ship == 0
+    none = _rows([0.0]).assign(stopped_early="p99_ttft_ms: at least 304 ms")
+    assert decide(none, "capacity_rps", True, {"p99_ttft_ms": 500}).ship is None
