@@ -119,7 +119,8 @@ def fleet_text(f: FleetAnswer) -> str:
         per = (f.gpus or 0) // f.replicas
         room = f" (+{f.headroom:.0%} headroom)" if f.headroom else ""
         head = (f"Fleet for {f.target_rps:.4g} req/s{room}: {f.replicas} replica"
-                f"{'s' if f.replicas > 1 else ''} x {per} {f.device} = {f.gpus} {f.device}s at "
+                f"{'s' if f.replicas > 1 else ''} x {per} {f.device} = {f.gpus} {f.device}"
+                f"{'s' if f.gpus != 1 else ''} at "
                 f"{f.capacity_rps:.4g} req/s each (trial {f.trial}, the lowest of its "
                 f"{f.measurements} measurement{'s' if f.measurements > 1 else ''})")
     if f.price_per_replica_hour is None:

@@ -20,8 +20,8 @@ from tests.helpers import wait_no_marked_processes
 
 pytestmark = pytest.mark.server
 
-FLEET_LINE = re.compile(r"Fleet for 100 req/s \(\+20% headroom\): (\d+) replicas? x 1 CPU worker "
-                        r"= (\d+) CPU workers at ([\d.]+) req/s each \(trial (\d+)[^;]*; "
+FLEET_LINE = re.compile(r"Fleet for 1000 req/s \(\+20% headroom\): (\d+) replicas? x 1 CPU worker "
+                        r"= (\d+) CPU workers? at ([\d.]+) req/s each \(trial (\d+)[^;]*; "
                         r"([\d.]+) USD/h")
 
 
@@ -41,7 +41,7 @@ def test_capacity_target_example_prints_the_fleet_of_its_rows(tiny_model, short_
     trials = read_trials(short_tmp / "results", "capacity_target")
     assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason", "fail_detail"]]
     for _, row in trials.iterrows():
-        fleet = fleet_for(100, row["capacity_rps"], headroom=0.2, price_per_replica_hour=0.10)
+        fleet = fleet_for(1000, row["capacity_rps"], headroom=0.2, price_per_replica_hour=0.10)
         assert row["capacity_rps"] > 0, row["sla_violations"]
         assert (row["replicas_for_target"], row["gpus_for_target"]) == (fleet.replicas, fleet.gpus)
         assert row["cost_per_hour_for_target"] == pytest.approx(fleet.cost_per_hour)
@@ -53,7 +53,7 @@ def test_capacity_target_example_prints_the_fleet_of_its_rows(tiny_model, short_
     assert printed, res.stdout[-3000:]
     replicas, workers, capacity, trial, cost = printed.groups()
     row = trials[trials["trial_number"] == int(trial)].iloc[0]
-    fleet = fleet_for(100, row["capacity_rps"], headroom=0.2, price_per_replica_hour=0.10)
+    fleet = fleet_for(1000, row["capacity_rps"], headroom=0.2, price_per_replica_hour=0.10)
     assert (int(replicas), int(workers)) == (fleet.replicas, fleet.gpus)
     assert float(capacity) == pytest.approx(row["capacity_rps"], rel=1e-3)
     assert float(cost) == pytest.approx(fleet.cost_per_hour, abs=0.005)
