@@ -129,7 +129,6 @@ _UNITS: dict[str, str] = {
                      "max_output_tokens_per_s"), "tok/s"),
     **dict.fromkeys(("request_throughput", "request_goodput", "request_goodput_per_gpu",
                      "capacity_rps", "rate", "target_rps"), "req/s"),
-    "gpus_for_target": "GPUs",
     **dict.fromkeys(("error_rate", "kv_cache_usage_max", "kv_cache_usage_mean",
                      "prefix_cache_hit_rate", "objective_cv", "precision_target",
                      "ci95_halfwidth", "ci95_halfwidth_within", "ci95_halfwidth_server",
