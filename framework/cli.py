@@ -1,9 +1,10 @@
 """`vllm-sweep` command line: thin argument parsing over the modules below.
 
-Exit codes: 0 success (a sweep that found no feasible configuration still exits 0), 1 `best`
-or `export` has no configuration to print (the sweep has no results yet, or no feasible trial), 2 bad
-input (one line naming file, key and value; `report` of a sweep without results), 3 cluster
-problem (or another driver runs the sweep, or a `doctor` check failed), 130 interrupted.
+Exit codes: 0 success, 1 `best` or `export` has no configuration to print (the sweep has no
+results yet, or no feasible trial), 2 bad input (one line naming file, key and value; `report`
+of a sweep without results), 3 cluster problem (or another driver runs the sweep, or a `doctor`
+check failed), 4 `run` ended and no configuration meets the SLA (EXIT_NO_FEASIBLE), 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -74,7 +75,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner.run(target)
     runner.summary()
     console.print(f"results: {sw.store.sweep_dir.resolve()}", highlight=False, soft_wrap=True)
-    return 0
+    return _decision_exit(sw, args.summary_json)
+
+
+def _decision_exit(sw: Any, summary_json: str | None) -> int:
+    """`run`'s ending (sw: the loaded sweep): the Decision JSON written to `summary_json` (if
+    given); exit 0 when a configuration meets the SLA, else EXIT_NO_FEASIBLE."""
+    from framework.results import decision as d
+
+    found = d.sweep_decision(sw.store.read_trials(), sw.spec, sw.space, str(sw.path))
+    if summary_json:
+        d.write_summary_json(found, Path(summary_json))
+    return 0 if found.feasible else d.EXIT_NO_FEASIBLE
 
 
 def _stored(args: argparse.Namespace):
@@ -122,7 +134,12 @@ def cmd_best(args: argparse.Namespace) -> int:
     print(verdict_text(trials, verdict, spec.objective.metric), file=sys.stderr)
     if verdict.ship is None:
         return 1
-    if args.format == "yaml":
+    if args.format == "json":  # the Decision, as `run --summary-json` writes it
+        from framework.results.decision import summary_json
+        from framework.results.decision import sweep_decision
+
+        text = summary_json(sweep_decision(trials, spec, sw.space, args.sweep))
+    elif args.format == "yaml":
         text = best_as_yaml(trials, verdict, params, dict(spec.server.args), str(spec.model),
                             sw.space.run_params)
     else:
@@ -163,7 +180,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     early = [int(n) for n in trials[cut_short_mask(trials)]["trial_number"]]
     importances = param_importances(sw.store.journal_path, sw.spec.name, exclude=early)
     out = Path(args.out) if args.out else sw.store.sweep_dir / "report.html"
-    print(render_report(trials, sw.spec, importances, out, space=sw.space))
+    print(render_report(trials, sw.spec, importances, out, space=sw.space, sweep_file=args.sweep))
     return 0
 
 
@@ -359,7 +376,8 @@ def parser() -> argparse.ArgumentParser:
         "SLA: a search over vLLM's flags, each trial a real server under load.",
         epilog="Exit codes: 0 success; 1 `best` or `export` has nothing to print (no results yet, or no "
         "feasible trial); 2 bad input (one line naming file, key and value); 3 cluster problem "
-        "(or another driver runs the sweep, or a `doctor` check failed); 130 interrupted.")
+        "(or another driver runs the sweep, or a `doctor` check failed); 4 `run` ended and no "
+        "configuration meets the SLA; 130 interrupted.")
     p.add_argument("--version", action="version", version=f"vllm-sweep {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            help="one of the commands below; `vllm-sweep COMMAND --help` "
@@ -368,6 +386,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("sweep", help=SWEEP_HELP)
     run.add_argument("--add-trials", type=int, default=0, metavar="N",
                      help="run N trials beyond those the study already holds")
+    run.add_argument("--summary-json", default=None, metavar="FILE",
+                     help="write the decision as JSON to FILE at the end: verdict, best "
+                     "configuration (flags, serve command), gain interval, fleet and cost "
+                     "(docs/RESULTS.md); exit 4 when no configuration meets the SLA")
     run.set_defaults(fn=cmd_run)
     add_submit_parser(sub)
     val = sub.add_parser("validate", help="check a sweep and its search space; start nothing")
@@ -383,9 +405,10 @@ def parser() -> argparse.ArgumentParser:
                          "trial, objective value and gain over the baseline on stderr. Exit 1 "
                          "when the sweep has no results yet or no feasible trial.")
     be_.add_argument("sweep", help=SWEEP_HELP)
-    be_.add_argument("--format", choices=("command", "yaml"), default="command",
+    be_.add_argument("--format", choices=("command", "yaml", "json"), default="command",
                      help="command: a pasteable `vllm serve` line; yaml: the trial, objective, "
-                     "every flag and run setting (default: command)")
+                     "every flag and run setting; json: the decision as `run --summary-json` "
+                     "writes it, with the fleet and its cost (default: command)")
     be_.add_argument("--pareto", action="store_true",
                      help="every feasible trial on the Pareto front of the objective and "
                      "objective.pareto_with metrics")

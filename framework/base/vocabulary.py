@@ -49,6 +49,9 @@ PEAK_METRICS = ("max_concurrent_requests",)
 THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_throughput",
                       "request_goodput", "output_throughput_per_gpu", "request_goodput_per_gpu",
                       "capacity_rps")
+# Objectives of the deployment (framework.fleet), minimized: GPUs and cost per hour of the fleet
+# that carries the sweep's `target:` (capacity mode), cost of a million output tokens.
+FLEET_OBJECTIVES = ("gpus_for_target", "cost_per_hour_for_target", "cost_per_mtok_output")
 ERROR_RATE = "error_rate"
 MIN_TOKEN_AGREEMENT = "min_token_agreement"
 LOWER_BOUND_KEYS = (MIN_TOKEN_AGREEMENT,)
@@ -129,7 +132,7 @@ _UNITS: dict[str, str] = {
     **dict.fromkeys(("output_throughput", "total_token_throughput", "output_throughput_per_gpu",
                      "max_output_tokens_per_s"), "tok/s"),
     **dict.fromkeys(("request_throughput", "request_goodput", "request_goodput_per_gpu",
-                     "capacity_rps", "rate"), "req/s"),
+                     "capacity_rps", "rate", "target_rps"), "req/s"),
     **dict.fromkeys(("error_rate", "kv_cache_usage_max", "kv_cache_usage_mean",
                      "prefix_cache_hit_rate", "objective_cv", "precision_target",
                      "ci95_halfwidth", "ci95_halfwidth_within", "ci95_halfwidth_server",

@@ -17,6 +17,7 @@ from pydantic import field_validator
 from pydantic import model_validator
 
 from framework.base.vocabulary import ERROR_RATE  # noqa: F401 - Scalar and the metric words, re-exported
+from framework.base.vocabulary import FLEET_OBJECTIVES
 from framework.base.vocabulary import LATENCY_METRICS
 from framework.base.vocabulary import MIN_TOKEN_AGREEMENT
 from framework.base.vocabulary import THROUGHPUT_METRICS
@@ -107,14 +108,15 @@ class ServerSpec(_Spec):
 
 
 def _known_metric(metric: str) -> str:
-    if metric not in THROUGHPUT_METRICS and not is_latency_metric(metric):
-        raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(THROUGHPUT_METRICS)} "
+    if metric not in (*THROUGHPUT_METRICS, *FLEET_OBJECTIVES) and not is_latency_metric(metric):
+        raise ValueError(f"unknown metric {metric!r}; use one of "
+                         f"{', '.join((*THROUGHPUT_METRICS, *FLEET_OBJECTIVES))} "
                          "or a latency key like p99_ttft_ms")
     return metric
 
 
 def natural_direction(metric: str) -> Literal["maximize", "minimize"]:
-    """Throughputs are maximized, latencies minimized."""
+    """Throughputs are maximized, latencies and the fleet's GPUs and costs minimized."""
     return "maximize" if metric in THROUGHPUT_METRICS else "minimize"
 
 
@@ -122,7 +124,9 @@ class ObjectiveSpec(_Spec):
     """What the search optimizes. `metric`: a throughput (`*_per_gpu` = divided by TP x PP)
     or a latency key. `pareto_with`: further metrics for a multi-objective search (each in
     its natural direction: throughputs up, latencies down); the study then holds a Pareto
-    front, `best --pareto` prints it, and `metric` still ranks `best`."""
+    front, `best --pareto` prints it, and `metric` still ranks `best`. A fleet objective
+    (vocabulary.FLEET_OBJECTIVES) is minimized: `direction` defaults to minimize for it and
+    maximize is an error."""
 
     metric: str = "output_throughput"
     direction: Literal["maximize", "minimize"] = "maximize"
@@ -133,6 +137,16 @@ class ObjectiveSpec(_Spec):
     @classmethod
     def _known(cls, metric: str) -> str:
         return _known_metric(metric)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fleet_minimized(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("metric") in FLEET_OBJECTIVES:
+            if data.get("direction", "minimize") != "minimize":
+                raise ValueError(f"{data['metric']} is minimized (fewer GPUs, lower cost): drop "
+                                 "direction or write direction: minimize")
+            return {**data, "direction": "minimize"}
+        return data
 
     @field_validator("pareto_with")
     @classmethod
@@ -156,6 +170,9 @@ class ObjectiveSpec(_Spec):
     @property
     def directions(self) -> tuple[str, ...]:
         return (self.direction, *(natural_direction(m) for m in self.pareto_with))
+
+
+FLEET_FROM_CAPACITY = FLEET_OBJECTIVES[:2]  # sized from capacity_rps and target: (fleet.sizing)
 
 
 class ClusterSpec(_Spec):
@@ -274,12 +291,19 @@ class SweepSpec(_Spec):
 
     @model_validator(mode="after")
     def _capacity_consistent(self) -> SweepSpec:
-        uses = "capacity_rps" in self.objective.metrics
-        if self.capacity is None and uses:
-            raise ValueError("objective capacity_rps needs a capacity: section")
+        for metric in self.objective.metrics:
+            if metric in ("capacity_rps", *FLEET_FROM_CAPACITY) and self.capacity is None:
+                raise ValueError(f"objective {metric} needs a capacity: section" + (
+                    " (the fleet is sized from each configuration's capacity at the SLA)"
+                    if metric in FLEET_FROM_CAPACITY else ""))
+            if metric in FLEET_FROM_CAPACITY and self.target is None:
+                raise ValueError(f"objective {metric} needs a target: section (the load the "
+                                 "fleet must carry, e.g. target: {request_rate: 40})")
         if self.capacity is not None:
-            if self.objective.metric != "capacity_rps" or self.objective.direction != "maximize":
-                raise ValueError("with capacity:, the objective is capacity_rps, maximized")
+            if not (self.objective.metric == "capacity_rps" and self.objective.direction == "maximize"
+                    or self.objective.metric in FLEET_OBJECTIVES):
+                raise ValueError("with capacity:, the objective is capacity_rps (maximized) or one "
+                                 f"of {', '.join(FLEET_OBJECTIVES)} (minimized)")
             if not load_limits(self.sla):
                 raise ValueError("capacity: needs an sla on the load (latency keys or "
                                  "error_rate): the capacity is the highest rate at which it holds")
@@ -306,6 +330,14 @@ class SweepSpec(_Spec):
             if parsed is not None and parsed.stat.startswith("p") and metric not in have:
                 raise ValueError(f"{key} needs percentile {parsed.percentile:g} in "
                                  f"workload.percentiles {list(self.workload.percentiles)}")
+        return self
+
+    @model_validator(mode="after")
+    def _fleet_one_workload(self) -> SweepSpec:
+        metric = next((m for m in self.objective.metrics if m in FLEET_OBJECTIVES), None)
+        if metric is not None and self.workloads:
+            raise ValueError(f"objective {metric} sizes one workload's fleet; it does not "
+                             "combine with workloads: (one metric per workload)")
         return self
 
     @model_validator(mode="after")

@@ -1,6 +1,7 @@
 """From a measured configuration to a deployment: replicas and GPUs for a target load
 (`sizing`), the price of a GPU-hour with its date and source (`prices`), and the cost per hour
-and per million tokens. Pure: no Ray, no I/O except reading a user's price file."""
+and per million tokens; a trial's answer as row columns (`columns`). Pure: no Ray, no I/O
+except reading a user's price file."""
 
 from framework.base.exports import lazy_exports
 
@@ -12,4 +13,7 @@ __getattr__, __all__ = lazy_exports(__name__, {
     "Price": "prices",
     "PRICES": "prices",
     "resolve_price": "prices",
+    "Target": "columns",
+    "FLEET_COLUMNS": "columns",
+    "fleet_values": "columns",
 })

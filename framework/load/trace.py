@@ -216,6 +216,17 @@ def send_offsets(rows: Sequence[TraceRow], speed_up: float = 1.0) -> list[float]
     return offsets
 
 
+def mean_rate(rows: Sequence[TraceRow]) -> float:
+    """A trace's mean request rate at speed-up 1: requests / (latest - earliest timestamp),
+    timestamps in seconds (sec_multiplier applied). ValueError when the span is 0 (one row, or
+    every row due at once: no rate). Pure."""
+    stamps = [row.timestamp_s for row in rows]
+    span = max(stamps, default=0.0) - min(stamps, default=0.0)
+    if not span > 0:
+        raise ValueError(f"its {len(stamps)} request(s) span 0 s of timestamps: no mean rate")
+    return len(stamps) / span
+
+
 def add_cli_args(p: argparse.ArgumentParser) -> None:
     """vllm bench serve's "timed-trace dataset options" (same names; the label flags default
     to None: the format's own names, vLLM's for JSONL, Azure's for CSV)."""

@@ -20,6 +20,9 @@ from framework.base.vocabulary import in_unit
 from framework.base.vocabulary import label
 from framework.base.vocabulary import limits_text
 from framework.base.vocabulary import with_unit
+from framework.config.target_spec import TargetSpec
+from framework.results.decision import fleet_answer
+from framework.results.decision import fleet_text
 from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
 from framework.results.queries import requests_done
@@ -120,10 +123,12 @@ def trials_table(trials: pd.DataFrame, params: Sequence[str], columns: Sequence[
 
 
 def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str], objective: str,
-                  maximize: bool, sla: Mapping[str, float]) -> SweepVerdict | None:
+                  maximize: bool, sla: Mapping[str, float], target: TargetSpec | None = None,
+                  currency: str = "USD", device: str = "GPU") -> SweepVerdict | None:
     """The table of trials, then the verdict (results.verdict): the winner and its command only
     when its gain is beyond the measured noise (or the defaults break the SLA and it meets it),
-    else what the noise allows one to say."""
+    else what the noise allows one to say; with a `target`, the fleet of the configuration to
+    deploy (results.decision.fleet_text)."""
     if trials.empty:
         console.print("no trials yet")
         return None
@@ -140,6 +145,9 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
     style = "bold green" if verdict.number is not None else "bold yellow"
     for line in verdict.lines:
         console.print(f"[{style}]{line}[/{style}]", soft_wrap=True)
+    fleet = fleet_answer(trials, verdict, target.headroom, currency, device) if target else None
+    if fleet is not None:
+        console.print(fleet_text(fleet), highlight=False, soft_wrap=True)
     if verdict.number is None:
         return verdict
     row = trials[trials["trial_number"] == verdict.number].iloc[0]

@@ -2,8 +2,9 @@
 file opens with no network access.
 
 Sections, from the trial rows alone (plus the sweep spec, its search space and optional
-parameter importances): the best feasible configuration with its `vllm serve` command and gain
-over the baseline (or why there is none); the plots of framework.results.report_plots
+parameter importances): first the Decision (results.decision_report: what to deploy, its gain,
+the fleet and its cost, the export commands); the best feasible configuration with its `vllm
+serve` command and gain over the baseline (or why there is none); the plots of framework.results.report_plots
 (throughput vs the SLA's TTFT and TPOT keys, importances, the objective against each
 parameter), which leave out trials whose load stopped early and say so; the table of all
 trials with units in its headers, what each violating trial broke and by how much, the
@@ -30,6 +31,7 @@ from framework.base.vocabulary import limits_text
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.config.specs import WorkloadSpec
+from framework.results.decision_report import decision_section
 from framework.results.diagnosis import diagnose
 from framework.results.quality_report import quality_section
 from framework.results.queries import cut_short
@@ -195,17 +197,19 @@ def _overview(trials: pd.DataFrame, spec: SweepSpec) -> str:
 
 
 def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[str, float] | None,
-                  out: Path, space: SearchSpace | None = None) -> Path:
+                  out: Path, space: SearchSpace | None = None, sweep_file: str = "SWEEP.yaml") -> Path:
     """Write the sweep's report to `out` (one HTML file, no external reference); returns `out`.
     `importances` should leave out the trials stopped early (the page says they are left
-    out); `space`: the sweep's search space, whose `log: true` parameters get log axes."""
+    out); `space`: the sweep's search space, whose `log: true` parameters get log axes;
+    `sweep_file`: the sweep's path, in the Decision section's export commands."""
     params = [c for c in trials.columns if c.startswith("param_")]
     log_params = {param_column(name) for name, p in (space.parameters.items() if space else ())
                   if getattr(p, "log", False)}
     best_html, best_number = _best(trials, spec, params)
     title = f"vllm-sweep report: {spec.name}"
     body = [
-        f"<h1>{html.escape(title)}</h1>", _overview(trials, spec),
+        f"<h1>{html.escape(title)}</h1>", decision_section(trials, spec, sweep_file),
+        _overview(trials, spec),
         "<h2>Best feasible configuration</h2>", best_html,
         "<h2>Throughput vs latency</h2>",
         pareto_plot(trials, spec, params, "ttft"), pareto_plot(trials, spec, params, "tpot"),

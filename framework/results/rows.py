@@ -25,6 +25,7 @@ from framework.config.search_space import SearchSpace
 from framework.engine.feasibility import Feasibility
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
 from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
+from framework.fleet.columns import FLEET_COLUMNS
 from framework.load.session_metrics import SESSION_COUNTS
 from framework.load.session_metrics import SESSION_METRICS
 from framework.results.diagnosis import diagnose
@@ -109,6 +110,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
                 ("ci95_halfwidth", "float"), ("ci95_halfwidth_within", "float"),
                 ("ci95_halfwidth_server", "float"), ("precision_reached", "bool"),
                 ("precision_stop", "str")]
+    columns += FLEET_COLUMNS  # the deployment: fleet.columns (target:, pricing:)
     columns += [(f"{key}_ci95_high", "float") for key in sla_keys if not is_lower_bound(key)]
     columns += list(SERVER_METRIC_COLUMNS)
     columns += list(SATURATION_COLUMNS)
@@ -174,6 +176,7 @@ class TrialContext:
     provenance: Mapping[str, object] | None = None  # framework.results.provenance
     confirmation_of: int | None = None  # the trial this one re-measures (confirm_top)
     startup_levers: tuple[str, ...] = ()  # framework.engine.startup_levers, used by this trial
+    fleet: Mapping[str, object] | None = None  # fleet.columns.fleet_values
 
 
 def trial_state(outcome: TrialOutcome) -> str:
@@ -242,6 +245,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         if key in row:
             row[key] = int(value) if key == "repeats" and value is not None else value
     row.update(ctx.provenance or {})
+    row.update(ctx.fleet or {})
     row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None
     row.update(saturation_values([s.saturation for s in outcome.steps if not s.screening]))
     if outcome.quality is not None:

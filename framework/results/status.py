@@ -161,6 +161,14 @@ def best_as_yaml(trials: pd.DataFrame, verdict: SweepVerdict, params: list[str],
                  run_params: Sequence[str] = ()) -> str:
     """The configuration to ship (`verdict.ship`, which must be set) as YAML: the verdict, its
     gain interval, every vLLM flag it runs with, and (`load`) its run settings."""
+    return yaml.safe_dump(best_fields(trials, verdict, params, fixed, model, run_params),
+                          sort_keys=False)
+
+
+def best_fields(trials: pd.DataFrame, verdict: SweepVerdict, params: list[str],
+                fixed: dict[str, Scalar], model: str,
+                run_params: Sequence[str] = ()) -> dict[str, object]:
+    """best_as_yaml's fields (plain Python values, for YAML and JSON)."""
     number = verdict.ship
     assert number is not None
     row, flags = shipped_flags(trials, number, params, fixed, run_params)
@@ -173,7 +181,7 @@ def best_as_yaml(trials: pd.DataFrame, verdict: SweepVerdict, params: list[str],
         "model": model, "flags": flags, "command": str(row["serve_command"])}
     if run_params:
         out["load"] = {p: plain(row[param_column(p)]) for p in run_params}
-    return yaml.safe_dump(out, sort_keys=False)
+    return out
 
 
 def pareto_trials(trials: pd.DataFrame, metrics: list[str], directions: list[str]) -> pd.DataFrame:

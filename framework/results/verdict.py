@@ -4,9 +4,9 @@ its gain over vLLM's defaults lies beyond the measured noise.
 Measurements. A configuration's *origin* is the trial that first measured it; its confirmation
 runs (`confirmation_of`) re-measure it on fresh servers: the winner's confirmations and the
 interleaved re-measurements of the baseline (`search.baseline_repeats`). A measurement counts
-for values when its trial COMPLETEd and was not stopped early (a run cut after a few requests
-says whether the SLA broke, not what the throughput is); it counts for the SLA verdict whenever
-it COMPLETEd.
+for values when its trial COMPLETEd and was not cut short (results.early: a run cut after a few
+requests says whether the SLA broke, not what the throughput is; a capacity whose deciding step
+ran in full counts); it counts for the SLA verdict whenever it COMPLETEd.
 
 Noise. `precision.pooled_noise` over every configuration measured on >= 2 fresh servers gives
 the server-to-server variance v_s (df_s degrees of freedom) and the pooled run-to-run CV.
@@ -32,6 +32,7 @@ import pandas as pd
 from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
+from framework.results.early import cut_short
 from framework.trial.precision import Noise
 from framework.trial.precision import pooled_noise
 from framework.trial.stats import t975
@@ -135,10 +136,11 @@ def _num(value: object) -> bool:
 
 
 def _measured(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose objective is a value: COMPLETE, not stopped early, positive."""
+    """Rows whose objective is a value: COMPLETE, not cut short (early.cut_short: a capacity
+    whose deciding step ran in full counts, whatever earlier steps stopped), positive."""
     done = rows[rows["state"] == "COMPLETE"]
-    if "stopped_early" in done:
-        done = done[done["stopped_early"].isna()]
+    if "stopped_early" in done and not done.empty:
+        done = done[~done.apply(lambda r: cut_short(r.to_dict()), axis=1).astype(bool)]
     return done[done["objective"].astype(float) > 0]
 
 

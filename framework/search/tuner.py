@@ -4,10 +4,14 @@ The study lives in a journal file beside the results, so running the same sweep 
 it: `n_trials` is the total number of finished trials the study should hold. A trial left
 RUNNING by a driver that died is closed as FAIL with reason `interrupted` before new work.
 Feasibility uses Optuna's constraint convention (`trial.set_constraint`, feasible iff <= 0).
+A measured trial whose objective has no value (NaN: a fleet objective where no rate held the
+SLA, trial.objective) is told like a configuration failure: the worst placeholder value with its
+`feasibility` constraint violated, never as 0 GPUs.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections.abc import Collection
@@ -332,8 +336,12 @@ class Tuner:
             self._constrain(trial, {}, violation=max(ev.violation, 1e-6))
             self.study.tell(trial, [_WORST[d] for d in self.directions])
             return
-        self._constrain(trial, ev.constraints, violation=0.0)
         values = [ev.objective] if isinstance(ev.objective, (int, float)) else list(ev.objective)
+        if any(math.isnan(v) for v in values):  # measured, but its objective has no value
+            self._constrain(trial, ev.constraints, violation=1.0)
+            self.study.tell(trial, [_WORST[d] for d in self.directions])
+            return
+        self._constrain(trial, ev.constraints, violation=0.0)
         self.study.tell(trial, values)
 
     def _constrain(self, trial: optuna.trial.Trial, sla: Mapping[str, float],

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,9 @@ from framework.engine.feasibility import check
 from framework.engine.feasibility import check_cpu
 from framework.engine.feasibility import read_model_facts
 from framework.engine.model_info import read_model_info
+from framework.fleet.columns import Target
+from framework.fleet.prices import Price
+from framework.fleet.prices import resolve_price
 from framework.load.conversations import first_turns
 from framework.load.conversations import sharegpt_sessions
 from framework.load.conversations import synthetic_sessions
@@ -44,6 +48,9 @@ from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
 from framework.results.store import ResultStore
 from framework.sweep.cross_checks import check_cross
+from framework.sweep.fleet_inputs import check_prices
+from framework.sweep.fleet_inputs import file_prices
+from framework.sweep.fleet_inputs import target_of
 from framework.sweep.job_dir import check_job_paths
 from framework.sweep.value_checks import check_flag_values
 from framework.sweep.value_checks import check_run_settings
@@ -57,17 +64,26 @@ from framework.trial.saturation import SaturationSettings
 
 @dataclass(frozen=True)
 class Sweep:
-    """A validated sweep: its spec, its search space, where the sweep file was, and the
-    model's architecture facts (None for the fake engine without a `gpu`)."""
+    """A validated sweep: its spec, its search space, where the sweep file was, the
+    model's architecture facts (None for the fake engine without a `gpu`), the load its
+    deployment must carry (`target:`; its rate computed once, from a trace if so) and the
+    prices of `pricing.file`."""
 
     path: Path
     spec: SweepSpec
     space: SearchSpace
     facts: ModelFacts | None = None
+    target: Target | None = None
+    file_prices: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def store(self) -> ResultStore:
         return ResultStore(self.spec.results_dir, self.spec.name)
+
+    def price(self, tp: int = 1, pp: int = 1) -> Price | None:
+        """The price of one replica of TP x PP devices (fleet.prices.resolve_price)."""
+        return resolve_price(self.spec.pricing, engine=self.spec.engine, gpu=self.spec.gpu,
+                             tp=tp, pp=pp, file_prices=self.file_prices)
 
 
 def load(path: Path, check_flags: bool = True) -> Sweep:
@@ -123,7 +139,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if check_flags:
         check_run_settings(spec, space)
         check_cross(path, spec, space, vllm_rules=spec.engine != "fake")
-    return Sweep(path=path, spec=spec, space=space, facts=facts)
+    prices = file_prices(path, spec)
+    check_prices(path, spec, prices)
+    return Sweep(path=path, spec=spec, space=space, facts=facts, target=target_of(path, spec),
+                 file_prices=prices)
 
 
 def check_tokenizer(sw: Sweep) -> None:

@@ -41,8 +41,11 @@ from framework.cluster.placement import ask_another
 from framework.config.search_space import grid_size
 from framework.config.workloads_spec import class_names
 from framework.engine.feasibility import Feasibility
+from framework.fleet.columns import fleet_values
+from framework.fleet.columns import with_objectives
 from framework.results.console import Progress
 from framework.results.console import print_summary
+from framework.results.decision import device_of
 from framework.results.provenance import provenance
 from framework.results.rows import REQUEST_COLUMNS
 from framework.results.rows import TrialContext
@@ -331,23 +334,29 @@ class Runner:
         p, obj = plan.proposal, self.spec.objective
         verdict, intervals, each = None, None, []
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
+        shape, target = plan.shape, self.sweep.target
+        price = self.sweep.price(shape.tp, shape.pp)
         if outcome.ok:
             devices = plan.shape.world_size
-            runs = [per_device(r, devices) for r in outcome.runs or (outcome.metrics,)]
-            outcome = replace(outcome, metrics=per_device(outcome.metrics, devices))
+            runs = with_objectives([per_device(r, devices) for r in outcome.runs or (outcome.metrics,)],
+                                   target, price, shape.tp, shape.pp)
+            outcome = replace(outcome, metrics=with_objectives(
+                [per_device(outcome.metrics, devices)], target, price, shape.tp, shape.pp)[0])
             verdict, intervals = evaluate_repeated(runs, sla, obj.metric, obj.pareto_with,
                                                    self.spec.search.sla_on, judged)
             if outcome.workloads:  # the SLA on each workload, their objectives aggregated
                 results, verdict, each = judge_workloads(outcome.workloads, devices, sla, obj,
                                                          judged)
                 outcome = replace(outcome, workloads=results)
-            intervals.update(precision_columns([float(r[obj.metric]) for r in runs],
+            intervals.update(precision_columns([float(r[obj.metric]) for r in runs
+                                                if obj.metric in r],  # no value: none
                                                plan.load.precision, outcome.precision_stop))
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,
                            server_log=str(server_log or self.store.log_path(p.number)),
                            feasibility=feas, sla=self.spec.sla, provenance=self.provenance,
-                           confirmation_of=p.confirm_of, startup_levers=plan.levers)
+                           confirmation_of=p.confirm_of, startup_levers=plan.levers,
+                           fleet=fleet_values(outcome.metrics, target, price, shape.tp, shape.pp))
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         if self.spec.workloads:
@@ -406,4 +415,5 @@ class Runner:
     def summary(self) -> None:
         spec = self.spec
         print_summary(self.console, self.store.read_trials(), list(self.sweep.space.parameters),
-                      spec.objective.metric, spec.objective.direction == "maximize", spec.sla)
+                      spec.objective.metric, spec.objective.direction == "maximize", spec.sla,
+                      spec.target, spec.pricing.currency, device_of(spec.engine))

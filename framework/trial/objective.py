@@ -5,10 +5,15 @@ bound (`value >= limit`; base.vocabulary.LOWER_BOUND_KEYS). Each becomes one Opt
 feasible iff <= 0 (Optuna's convention): `(value - limit) / limit`, so violations of different
 metrics are comparable; `error_rate` uses `value - limit` and `min_token_agreement` `limit -
 value` (both are already fractions).
+
+A measured trial whose objective has no value (a fleet objective, base.vocabulary.
+FLEET_OBJECTIVES, where no rate held the SLA or nothing was generated) is infeasible: its
+objective is NaN and its violations say why. It is never 0 GPUs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from framework.base.vocabulary import COUNT_METRICS
+from framework.base.vocabulary import FLEET_OBJECTIVES
 from framework.base.vocabulary import PEAK_METRICS
 from framework.base.vocabulary import PERCENT
 from framework.base.vocabulary import SLO_METRICS
@@ -89,12 +95,22 @@ def _short(number: float) -> str:
     return f"{number:.0f}" if number >= 10 else f"{number:.2g}"
 
 
+def no_value(metric: str) -> str:
+    """Why an objective has no value for a measured trial."""
+    if metric in FLEET_OBJECTIVES[:2]:
+        return (f"{metric}: none, no rate held the SLA (no number of replicas carries the "
+                "target)")
+    return f"{metric}: none (no price, or no tokens measured to divide it by)"
+
+
 def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_metric: str,
              also: Sequence[str] = (), judged: Mapping[str, float] | None = None) -> Verdict:
-    """Apply the SLA to one trial's metrics (which must hold every SLA key and objective);
+    """Apply the SLA to one trial's metrics (which must hold every SLA key and objective but
+    a fleet objective);
     `also`: further objectives (multi-objective search); `judged`: SLA values to use instead
     of the metrics' own (repeated runs; min_token_agreement, which no load run measures).
-    error_rate is computed from completed and failed."""
+    error_rate is computed from completed and failed. A fleet objective absent from the
+    metrics has no value (module docstring)."""
     values = {**metrics, "error_rate": error_rate(metrics), **(judged or {})}
     constraints: dict[str, float] = {}
     violations: list[str] = []
@@ -105,9 +121,12 @@ def evaluate(metrics: Mapping[str, float], sla: Mapping[str, float], objective_m
         constraints[key] = excess if key == "error_rate" or lower else excess / limit
         if excess > 0:
             violations.append(violation_text(key, value, limit))
-    return Verdict(objective=float(values[objective_metric]), feasible=not violations,
-                   constraints=constraints, violations=tuple(violations),
-                   values=tuple(float(values[m]) for m in (objective_metric, *also)))
+    objectives = [values.get(m) if m in FLEET_OBJECTIVES else values[m]
+                  for m in (objective_metric, *also)]
+    violations += [no_value(m) for m, v in zip((objective_metric, *also), objectives) if v is None]
+    numbers = tuple(math.nan if v is None else float(v) for v in objectives)
+    return Verdict(objective=numbers[0], feasible=not violations, constraints=constraints,
+                   violations=tuple(violations), values=numbers)
 
 
 def evaluate_repeated(runs: Sequence[Mapping[str, float]], sla: Mapping[str, float],
@@ -123,9 +142,10 @@ def evaluate_repeated(runs: Sequence[Mapping[str, float]], sla: Mapping[str, flo
     combined = combine(runs, COUNT_METRICS, PEAK_METRICS)
     judged = dict(judged or {})
     extra: dict[str, float | None] = {"repeats": float(len(runs))}
-    objective = mean_ci([float(r[objective_metric]) for r in runs])
-    extra.update(objective_ci95_low=objective.low, objective_ci95_high=objective.high,
-                 objective_cv=objective.cv)
+    if all(objective_metric in r for r in runs):  # else a fleet objective without a value
+        objective = mean_ci([float(r[objective_metric]) for r in runs])
+        extra.update(objective_ci95_low=objective.low, objective_ci95_high=objective.high,
+                     objective_cv=objective.cv)
     for key in (k for k in sla if k not in judged):
         values = [error_rate(r) if key == "error_rate" else float(r[key]) for r in runs]
         interval = mean_ci(values)

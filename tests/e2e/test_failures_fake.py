@@ -5,7 +5,9 @@ stand-in: these paths are about the driver, the actors and the process tree, not
 - a server actor killed mid-load is server_died and leaves no process;
 - `search.requeue_interrupted`: a trial cut short by kill -9 of the driver runs again on resume;
 - a second `run` of a sweep whose driver lives is refused with exit 3 and one line;
-- a trial whose every request fails is FAIL(load_failed), and the sweep goes on."""
+- a trial whose every request fails is FAIL(load_failed), and the sweep goes on;
+- `run` exits 4 when no trial meets the SLA (every trial cut by its deadline or failed), 130
+  on SIGTERM without writing its --summary-json."""
 
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def test_trial_deadline_ends_the_trial_keeps_its_requests_and_the_api_key_stays_
 
     env["SWEEP_TEST_KEY"] = SECRET
     res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]  # both cut: no feasible
     assert wait_no_marked_processes(marker) == []
     trials = read_trials(short_tmp / "results", "deadline")
     assert list(trials["fail_reason"]) == ["trial_timeout", "trial_timeout"], trials["fail_detail"]
@@ -104,12 +106,14 @@ def test_sigterm_of_the_driver_records_interrupted_and_requeues_it(tiny_model, s
     env = cli_env(marker, short_tmp)
     sweep = fake_sweep(short_tmp, tiny_model, "sigterm", tpot_ms=100, num_prompts=8,
                        output_len=16, search={"requeue_interrupted": True})
-    with cli_process(["run", str(sweep)], short_tmp, env) as proc:
+    summary = short_tmp / "summary.json"
+    with cli_process(["run", str(sweep), "--summary-json", str(summary)], short_tmp, env) as proc:
         seen = read_until(proc, "trial 0: under load", timeout_s=120)
         assert "trial 0: under load" in seen, seen
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 130, seen + out
+    assert not summary.exists()  # an interrupted run decides nothing
     assert wait_no_marked_processes(marker) == []
     first = read_trials(short_tmp / "results", "sigterm")
     assert list(first["fail_reason"]) == ["interrupted"]
@@ -229,7 +233,7 @@ def test_every_request_failing_is_load_failed_and_the_sweep_goes_on(tiny_model, 
     sweep = fake_grid_sweep(short_tmp, tiny_model, "noload", startup_s=0.5,
                        workload={"endpoint": "chat"}, search={"n_trials": 2})
     res = run_cli(["run", str(sweep)], short_tmp, cli_env(marker, short_tmp), timeout_s=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]  # nothing meets the SLA
     assert wait_no_marked_processes(marker) == []
     trials = read_trials(short_tmp / "results", "noload")
     assert list(trials["state"]) == ["FAIL", "FAIL"], trials[["state", "fail_reason"]]

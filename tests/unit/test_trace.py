@@ -14,6 +14,7 @@ from framework.base.errors import ConfigError
 from framework.config.trace_spec import TimedTraceSpec
 from framework.load.prompts import load_tokenizer
 from framework.load.trace import TraceRow
+from framework.load.trace import mean_rate
 from framework.load.trace import read_trace
 from framework.load.trace import send_offsets
 from framework.load.trace_prompts import BlockBuilder
@@ -349,3 +350,21 @@ def test_bench_self_timed_only_with_a_trace() -> None:
     res = bench_cli("--base-url", "http://127.0.0.1:9", "--model",
                     str(ROOT / "models" / "tiny-llama"), "--self-timed")
     assert res.returncode == 2 and "--self-timed" in res.stderr
+
+
+@pytest.mark.parametrize(("stamps", "rate"), [
+    ([0.0, 1.0, 2.0, 4.0], 1.0),       # 4 requests over 4 s
+    ([10.0, 10.5], 4.0),               # 2 over 0.5 s: not shifted to 0, the span counts
+    ([3.0, 1.0, 2.0], 1.5),            # out of file order: latest 3 - earliest 1 = 2 s
+])
+def test_mean_rate_is_requests_over_the_span(stamps, rate):
+    rows = [TraceRow(line=i + 1, timestamp_s=t, input_length=1, output_length=1)
+            for i, t in enumerate(stamps)]
+    assert mean_rate(rows) == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("stamps", [[], [5.0], [2.0, 2.0]])
+def test_mean_rate_needs_a_span(stamps):
+    rows = [TraceRow(line=1, timestamp_s=t, input_length=1, output_length=1) for t in stamps]
+    with pytest.raises(ValueError, match="span 0 s"):
+        mean_rate(rows)
