@@ -3,14 +3,15 @@ and interval, its hardware, and (with a `target:`) the fleet that carries the ta
 
 Which trial ships is the verdict's alone (results.verdict: the winner, or vLLM's defaults when
 nothing beat them beyond the noise), its flags what `best` prints (status.shipped_flags). The
-fleet arithmetic is framework.fleet's: replicas from the shipped configuration's capacity_rps
-(the verdict's estimate when capacity_rps is the objective, else its row's), TP x PP from its
-flags; cost per million output tokens from one replica's output_throughput.
+fleet arithmetic is framework.fleet's: replicas from the shipped configuration's least favourable
+fresh-server capacity_rps (results.decision.sizing_row, as the Decision section sizes it), TP x PP
+from its flags; cost per million output tokens from that measurement's output_throughput.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,15 +20,13 @@ import pandas as pd
 
 from framework.config.specs import SweepSpec
 from framework.engine.server_args import flag_args
+from framework.fleet.columns import Target
 from framework.fleet.manifests import Deployment
 from framework.fleet.prices import Price
-from framework.fleet.prices import read_price_file
-from framework.fleet.prices import resolve_price
 from framework.fleet.sizing import Fleet
 from framework.fleet.sizing import cost_per_mtok
 from framework.fleet.sizing import fleet_for
-from framework.load.trace import read_trace
-from framework.load.trace import send_offsets
+from framework.results.decision import sizing_row
 from framework.results.status import shipped_flags
 from framework.results.verdict import Estimate
 from framework.results.verdict import SweepVerdict
@@ -71,43 +70,31 @@ def _text(row: pd.Series, column: str) -> str | None:
     return None if value is None or pd.isna(value) else str(value)
 
 
-def target_rps(spec: SweepSpec) -> float | None:
-    """The sweep's target rate: `request_rate`, or with `from_trace` the trace's requests over
-    its span (send offsets at speed-up 1); None without a target."""
-    if spec.target is None:
-        return None
-    if spec.target.request_rate is not None:
-        return spec.target.request_rate
-    w = spec.workload
-    assert w.dataset_path is not None and w.timed_trace is not None  # SweepSpec checked it
-    offsets = send_offsets(read_trace(w.dataset_path, w.timed_trace))
-    span = max(offsets) - min(offsets) if offsets else 0.0
-    return len(offsets) / span if span > 0 else None
-
-
 def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
-            run_params: Sequence[str] = (), target: float | None = None) -> Shipped | SweepVerdict:
+            run_params: Sequence[str] = (), *, target: Target | None = None,
+            price_of: Callable[[int, int], Price | None] = lambda tp, pp: None
+            ) -> Shipped | SweepVerdict:
     """The sweep's shipped configuration, or its verdict when there is nothing to ship.
-    `target` overrides the sweep's own target rate."""
+    `target`: the rate the fleet carries (the loaded sweep's, or one given on the command
+    line); `price_of(tp, pp)`: a replica's price (the loaded sweep's `price`). The fleet is
+    sized, as the Decision is (results.decision.sizing_row), on the configuration's least
+    favourable fresh-server measurement."""
     metric = spec.objective.metric
     verdict = decide(trials, metric, spec.objective.direction == "maximize", spec.sla)
     if verdict.ship is None:
         return verdict
     row, flags = shipped_flags(trials, verdict.ship, params, dict(spec.server.args), run_params)
     est = verdict.estimate if verdict.number is not None else verdict.baseline
-    measured = {c: _float(row, c) for c in ("capacity_rps", "output_throughput")}
-    if metric in measured and est is not None:
-        measured[metric] = est.value
+    sizing = sizing_row(trials, verdict.ship)
+    measured = {c: None if sizing is None else _float(sizing, c)
+                for c in ("capacity_rps", "output_throughput")}
     tp = int(flags.get("tensor-parallel-size") or 1)
     pp = int(flags.get("pipeline-parallel-size") or 1)
-    pricing = spec.pricing
-    price = resolve_price(pricing, engine=spec.engine, gpu=spec.gpu, tp=tp, pp=pp,
-                          file_prices=read_price_file(pricing.file) if pricing.file else None)
+    price = price_of(tp, pp)
     per_replica = price.per_replica_hour if price else None
-    rate = target if target is not None else target_rps(spec)
-    fleet = None if rate is None else fleet_for(
-        rate, measured["capacity_rps"], headroom=spec.target.headroom if spec.target else 0.0,
-        tp=tp, pp=pp, price_per_replica_hour=per_replica)
+    fleet = None if target is None else fleet_for(
+        target.rps, measured["capacity_rps"], headroom=target.headroom, tp=tp, pp=pp,
+        price_per_replica_hour=per_replica)
     return Shipped(
         sweep=spec.name, trial=verdict.ship, verdict=verdict, objective=metric, value=est,
         model=str(spec.model), flags=flags, serve_command=str(row["serve_command"]),

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from framework.base.errors import ConfigError
+from framework.fleet.columns import Target
 
 FORMATS = ("serve", "json", "ray-serve", "k8s")
 EXIT_NOTHING = 1
@@ -84,7 +85,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if trials.empty:
         print(f"no results for sweep {sw.spec.name} in {sw.store.sweep_dir}", file=sys.stderr)
         return EXIT_NOTHING
-    found = deploy.shipped(trials, sw.spec, list(sw.space.parameters), sw.space.run_params)
+    found = deploy.shipped(trials, sw.spec, list(sw.space.parameters), sw.space.run_params,
+                           target=sw.target, price_of=sw.price)
     if not isinstance(found, deploy.Shipped):
         print(found.headline, file=sys.stderr)
         return EXIT_NOTHING
@@ -126,8 +128,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         sw, trials = _stored(path)
         if trials.empty:
             raise ConfigError(path, "results_dir", str(sw.store.sweep_dir), "no results to compare")
+        target = sw.target if args.target is None else Target(
+            args.target, sw.spec.target.headroom if sw.spec.target else 0.0)
         found = deploy.shipped(trials, sw.spec, list(sw.space.parameters), sw.space.run_params,
-                               target=args.target)
+                               target=target, price_of=sw.price)
         shipped = found if isinstance(found, deploy.Shipped) else None
         entries.append(Entry(sw.spec, shipped, shipped.verdict if shipped else found,
                              *digests(trials)))

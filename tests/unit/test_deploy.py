@@ -20,11 +20,11 @@ from framework.fleet.manifests import dns_name
 from framework.fleet.manifests import engine_kwargs
 from framework.fleet.manifests import k8s_manifests
 from framework.fleet.manifests import ray_serve_app
-from framework.results.deploy import target_rps
 from framework.results.rows import TrialContext
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
 from framework.results.store import ResultStore
+from framework.sweep.fleet_inputs import target_of
 from framework.trial.objective import Verdict
 from framework.trial.run import TrialOutcome
 from tests.helpers import ROOT
@@ -262,7 +262,7 @@ def test_target_from_trace_is_the_traces_mean_rate():
                      "dataset_path": str(ROOT / "datasets" / "mooncake_sample.jsonl")},
         "target": {"from_trace": True}})
     # 150 requests, timestamps 56 ms .. 33447 ms: 150 / 33.391 s = 4.492 req/s
-    assert target_rps(spec) == pytest.approx(150 / 33.391)
+    assert target_of(Path("s.yaml"), spec).rps == pytest.approx(150 / 33.391)
 
 
 def test_compare_takes_results_directories(tmp_path, tiny_model, monkeypatch):
