@@ -21,12 +21,14 @@ from typing import Any
 from framework import __version__
 from framework.base.errors import ClusterError
 from framework.base.errors import ConfigError
+from framework.base.exit_codes import EXIT_BAD_INPUT
+from framework.base.exit_codes import EXIT_CLUSTER
+from framework.base.exit_codes import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from framework.base.vocabulary import Scalar
     from framework.config.specs import SweepSpec
 
-EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED = 2, 3, 130
 SWEEP_HELP = "sweep YAML file (e.g. sweeps/quickstart.yaml)"
 
 
@@ -281,92 +283,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.exit_code(checks, EXIT_CLUSTER)
 
 
-def cmd_build_model(args: argparse.Namespace) -> int:
-    from framework.tools.tiny_model import build_tiny_llama
-    from framework.tools.tiny_model import is_built
-
-    out = Path(args.out)
-    if is_built(out) and not args.force:
-        print(f"{out}: already built")
-        return 0
-    build_tiny_llama(out, seed=args.seed)
-    print(f"{out}: tiny Llama built")
-    return 0
-
-
-def cmd_build_conversations(args: argparse.Namespace) -> int:
-    import json
-
-    from framework.load.sharegpt import sample_sharegpt_conversations
-
-    low, _, high = args.turns.partition("-")
-    if not (low.isdigit() and (high or low).isdigit() and 0 < int(low) <= int(high or low)):
-        raise ConfigError("command line", "--turns", args.turns, "expected N or LOW-HIGH with "
-                          "1 <= LOW <= HIGH")
-    turns = (int(low), int(high or low))
-    conversations = sample_sharegpt_conversations(args.num, args.seed, turns=turns)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(conversations, indent=1) + "\n")
-    print(f"{out}: {len(conversations)} ShareGPT conversations of {args.turns} exchanges")
-    return 0
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     from framework.load.bench import run
 
     return run(args)
 
 
-# --- submit: a sweep as a Ray job, run in place (framework/sweep/job_dir.py) -----------------
-def cmd_submit(args: argparse.Namespace) -> int:
-    import shlex
-
-    from framework.cluster.jobs import follow
-    from framework.cluster.jobs import submit
-    from framework.sweep import loader as sweep_mod
-    from framework.sweep.job_dir import in_place_working_dir
-    from framework.sweep.job_dir import results_place
-
-    sw = sweep_mod.load(Path(args.sweep), check_flags=False)  # the job's `run` checks the rest
-    cwd = Path.cwd()
-    place = results_place(sw.spec.results_dir, sw.spec.name, cwd)
-    entrypoint = shlex.join(["vllm-sweep", "run", args.sweep]
-                            + (["--add-trials", str(args.add_trials)] if args.add_trials else []))
-    job_id = submit(args.address, entrypoint, in_place_working_dir(cwd), args.submission_id)
-    print(f"job {job_id}: `{entrypoint}` in {cwd} on the cluster's nodes; results: {place}",
-          flush=True)
-    if args.no_wait:
-        return 0
-    try:
-        end = follow(args.address, job_id, lambda text: print(text, end="", flush=True))
-    except KeyboardInterrupt:
-        print(f"stopped following; job {job_id} runs on (`ray job stop {job_id}` ends it)",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(f"job {job_id}: {end.status} (exit code {end.exit_code}); results: {place}")
-    return 0 if end.succeeded else (end.exit_code or EXIT_CLUSTER)
-
-
-def add_submit_parser(sub: Any) -> None:
-    sm = sub.add_parser(
-        "submit", help="run a sweep as a Ray job on a cluster, in this directory on every node",
-        description="Submits `vllm-sweep run SWEEP` through Ray's job API with this directory "
-        "as the job's in-place working dir (`local://$PWD`: nothing uploaded, so paths resolve "
-        "as for `run`; the directory must be readable at the same path on every node: one "
-        "machine or shared storage), prints where the results go, follows the job's log and "
-        "exits with the job's exit code.")
-    sm.add_argument("sweep", help=SWEEP_HELP)
-    sm.add_argument("--address", default=None, metavar="URL",
-                    help="the Ray dashboard, e.g. http://127.0.0.1:8265 (default: RAY_ADDRESS, "
-                    "else the local cluster's)")
-    sm.add_argument("--submission-id", default=None, metavar="ID", help="the job's id")
-    sm.add_argument("--add-trials", type=int, default=0, metavar="N",
-                    help="as for `run`: N trials beyond those the study already holds")
-    sm.add_argument("--no-wait", action="store_true",
-                    help="return once submitted (follow with `ray job logs -f ID`)")
-    sm.set_defaults(fn=cmd_submit)
-# --- end submit ----------------------------------------------------------------------------
 
 
 def parser() -> argparse.ArgumentParser:
@@ -391,7 +313,10 @@ def parser() -> argparse.ArgumentParser:
                      "configuration (flags, serve command), gain interval, fleet and cost "
                      "(docs/RESULTS.md); exit 4 when no configuration meets the SLA")
     run.set_defaults(fn=cmd_run)
-    add_submit_parser(sub)
+    from framework.sweep import job_cli
+    from framework.sweep import setup_cli
+
+    job_cli.add_submit_parser(sub, SWEEP_HELP)
     val = sub.add_parser("validate", help="check a sweep and its search space; start nothing")
     val.add_argument("sweep", help=SWEEP_HELP)
     val.set_defaults(fn=cmd_validate)
@@ -442,22 +367,7 @@ def parser() -> argparse.ArgumentParser:
                     help="join this Ray cluster (default: the sweep's cluster.address, else "
                     "RAY_ADDRESS, else a private local Ray)")
     dr.set_defaults(fn=cmd_doctor)
-    bm = sub.add_parser("build-model", help="build the tiny local Llama the quickstart serves")
-    bm.add_argument("out", nargs="?", default="models/tiny-llama",
-                    help="folder to write the model to (default: models/tiny-llama)")
-    bm.add_argument("--seed", type=int, default=0,
-                    help="seed of the random weights (default: 0)")
-    bm.add_argument("--force", action="store_true", help="build again over an existing model")
-    bm.set_defaults(fn=cmd_build_model)
-    bc = sub.add_parser("build-conversations", help="write synthetic multi-turn ShareGPT "
-                        "conversations (the sample a multi_turn workload can replay)")
-    bc.add_argument("out", nargs="?", default="datasets/multi_turn_sample.json",
-                    help="JSON file to write (default: datasets/multi_turn_sample.json)")
-    bc.add_argument("--num", type=int, default=40, help="conversations (default: 40)")
-    bc.add_argument("--turns", default="2-6", metavar="LOW-HIGH",
-                    help="exchanges per conversation, uniform in [LOW, HIGH] (default: 2-6)")
-    bc.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
-    bc.set_defaults(fn=cmd_build_conversations)
+    setup_cli.add_parsers(sub)
     # issue #20: export / compare (arguments and work in framework/sweep/deploy_cli.py)
     from framework.sweep import deploy_cli
 

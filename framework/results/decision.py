@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from framework.base.exit_codes import EXIT_NO_FEASIBLE  # noqa: F401 - re-exported for run
 from framework.base.vocabulary import Scalar
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
@@ -31,7 +32,6 @@ from framework.results.verdict import decide
 from framework.results.verdict import origins
 
 EXPORT_FORMATS = ("serve", "ray-serve", "k8s", "json")
-EXIT_NO_FEASIBLE = 4  # `run`: the sweep ended and no configuration meets the SLA
 
 
 @dataclass(frozen=True)

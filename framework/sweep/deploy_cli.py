@@ -15,10 +15,10 @@ from pathlib import Path
 import yaml
 
 from framework.base.errors import ConfigError
+from framework.base.exit_codes import EXIT_NOTHING
 from framework.fleet.columns import Target
 
 FORMATS = ("serve", "json", "ray-serve", "k8s")
-EXIT_NOTHING = 1
 
 
 def add_export_args(p: argparse.ArgumentParser) -> None:
