@@ -47,8 +47,10 @@ samples: $(STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# `run` exits 4 when no configuration meets the SLA (README, "Exit codes"): for the demo that is
+# an answer, not a failure of the set-up.
 demo: install model
-	$(BIN)/vllm-sweep run $(SWEEP)
+	$(BIN)/vllm-sweep run $(SWEEP) || test $$? -eq 4
 
 lint: install
 	$(BIN)/ruff check .
