@@ -238,6 +238,15 @@ def decide(trials: pd.DataFrame, objective: str, maximize: bool,
         if est is not None:
             candidates[o] = est
     unit = unit_of(objective)
+    if not candidates and base is not None:
+        return SweepVerdict(
+            "not_distinguishable", None, None, base, None, None, confirmed_any,
+            baseline_number=base_no,
+            lines=(f"Only vLLM's defaults met your SLA: {objective} {_interval(base, unit)} over "
+                   f"{base.servers} server(s); " + (
+                       "no confirmed configuration met it on the mean of its fresh servers"
+                       if confirmed_any else "no other configuration met it, or none was "
+                       "measured") + ". Ship vLLM's defaults.",))
     if not candidates:
         why = ("no confirmed configuration met it on the mean of its fresh servers" if confirmed_any
                else "no configuration met the SLA")

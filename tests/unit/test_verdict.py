@@ -87,8 +87,17 @@ def test_a_winner_whose_confirmation_broke_the_sla_is_not_named():
     trials = sweep(base=(1000.0, 1010.0, 995.0), winner=1500.0, confirms=(1490.0,))
     trials.loc[trials["confirmation_of"] == 3, ["feasible", "p99_tpot_ms"]] = [False, 5.5]
     v = decide(trials, "output_throughput", True, SLA)
-    assert v.kind == "no_feasible" and v.number is None
-    assert "confirmed configuration" in v.headline
+    # the defaults met the SLA on their 3 servers: they ship, and the winner is not named
+    assert v.kind == "not_distinguishable" and v.number is None and v.ship == 0
+    assert v.headline.startswith("Only vLLM's defaults met your SLA")
+    assert "no confirmed configuration met it" in v.headline
+
+
+def test_a_sweep_of_the_defaults_alone_ships_them():
+    trials = frame([row(0, 1000.0, base=True)])
+    v = decide(trials, "output_throughput", True, SLA)
+    assert v.kind == "not_distinguishable" and v.ship == 0 and v.baseline is not None
+    assert "Ship vLLM's defaults" in v.headline
 
 
 def test_without_fresh_server_repeats_the_noise_is_unknown_and_no_winner_is_named():
