@@ -278,6 +278,18 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+def killed_sweep_file(tmp: Path, tiny_model: Path) -> Path:
+    """The sweep file of write_rows' stored sweep `killed`, results under tmp/results."""
+    path = tmp / "killed.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "killed", "model": str(tiny_model),
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512}},
+        "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
+        "results_dir": str(tmp / "results")}))
+    return path
+
+
 def write_rows(results: Path) -> None:
     """Five stored trials of a killed sweep `killed`: baseline, a better one, a better but
     infeasible one, a start-up crash and an infeasible configuration."""

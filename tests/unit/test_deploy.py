@@ -30,6 +30,7 @@ from framework.trial.run import TrialOutcome
 from tests.helpers import ROOT
 from tests.helpers import T0
 from tests.helpers import cli_in_process
+from tests.helpers import killed_sweep_file
 from tests.helpers import write_rows
 
 K8S_VERSION = "1.33.0"
@@ -220,20 +221,10 @@ def test_export_json_carries_the_fleet(tmp_path, tiny_model):
     assert doc["serve_argv"][:3] == ["vllm", "serve", str(tiny_model)]
 
 
-def sweep_of(tmp: Path, tiny_model: Path) -> Path:
-    path = tmp / "killed.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "killed", "model": str(tiny_model),
-        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
-        "server": {"args": {"enforce-eager": True, "max-model-len": 512}},
-        "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
-        "results_dir": str(tmp / "results")}))
-    return path
-
 
 def test_export_ships_what_best_ships(tmp_path, tiny_model):
     write_rows(tmp_path / "results")
-    sweep = str(sweep_of(tmp_path, tiny_model))
+    sweep = str(killed_sweep_file(tmp_path, tiny_model))
     res = cli_in_process("export", sweep, "--format", "json", "-o", str(tmp_path / "no" / "x.json"))
     assert res.returncode == 2 and "-o: " in res.stderr and "No such file or directory" in res.stderr
     best = yaml.safe_load(cli_in_process("best", sweep, "--format", "yaml").stdout)
@@ -249,7 +240,7 @@ def test_export_ships_what_best_ships(tmp_path, tiny_model):
     (["--format", "k8s"], 1, "no results for sweep killed in"),
 ])
 def test_export_bad_input_and_nothing_to_export(tmp_path, tiny_model, args, code, message):
-    res = cli_in_process("export", str(sweep_of(tmp_path, tiny_model)), *args)
+    res = cli_in_process("export", str(killed_sweep_file(tmp_path, tiny_model)), *args)
     assert res.returncode == code and res.stdout == ""
     (line,) = res.stderr.splitlines()
     assert message in line

@@ -5,25 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import ROOT
 from tests.helpers import cli_in_process
+from tests.helpers import killed_sweep_file
 from tests.helpers import write_rows
-
-
-def sweep_file(tmp: Path, tiny_model: Path) -> Path:
-    path = tmp / "killed.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "killed", "model": str(tiny_model),
-        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
-        "server": {"args": {"enforce-eager": True, "max-model-len": 512}},
-        "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
-        "results_dir": str(tmp / "results")}))
-    return path
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +29,7 @@ def test_status_of_a_killed_sweep(tmp_path, tiny_model):
     write_rows(tmp_path / "results")
     dead = {"pid": 999999, "create_time": 1.0, "session": "gone"}
     (tmp_path / "results" / "killed" / "driver.json").write_text(json.dumps(dead))
-    res = cli("status", str(sweep_file(tmp_path, tiny_model)))
+    res = cli("status", str(killed_sweep_file(tmp_path, tiny_model)))
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "5/10 trials finished; driver not running" in out
@@ -56,7 +44,7 @@ def test_status_of_a_killed_sweep(tmp_path, tiny_model):
 
 def test_best_ships_the_defaults_when_no_gain_is_distinguishable(tmp_path, tiny_model):
     write_rows(tmp_path / "results")
-    sweep = str(sweep_file(tmp_path, tiny_model))
+    sweep = str(killed_sweep_file(tmp_path, tiny_model))
     res = cli_child("best", sweep)
     # every configuration was measured on one server only, so the server-to-server noise is
     # unknown and trial 1's 150 tok/s is no known gain over the defaults' 100: stdout is the
@@ -75,13 +63,13 @@ def test_best_ships_the_defaults_when_no_gain_is_distinguishable(tmp_path, tiny_
 
 @pytest.mark.parametrize("flags", [[], ["--format", "yaml"], ["--pareto"]])
 def test_best_of_a_sweep_that_never_ran_says_there_are_no_results(tmp_path, tiny_model, flags):
-    res = cli("best", str(sweep_file(tmp_path, tiny_model)), *flags)
+    res = cli("best", str(killed_sweep_file(tmp_path, tiny_model)), *flags)
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.splitlines() == [f"no results for sweep killed in {tmp_path}/results/killed"]
 
 
 def test_status_of_a_sweep_that_never_ran(tmp_path, tiny_model):
-    res = cli("status", str(sweep_file(tmp_path, tiny_model)))
+    res = cli("status", str(killed_sweep_file(tmp_path, tiny_model)))
     assert res.returncode == 0, res.stderr
     assert "0/10 trials finished" in res.stdout
     assert res.stdout.splitlines()[-1] == f"  no results yet in {tmp_path}/results/killed"
@@ -92,7 +80,7 @@ def test_best_without_a_feasible_trial_exits_1(tmp_path, tiny_model):
     for number in (0, 1):  # the feasible trials gone: 2 violates the SLA, 3 and 4 failed
         (tmp_path / "results" / "killed" / "trials" / "sweep=killed"
          / f"trial-{number:05d}.parquet").unlink()
-    res = cli("best", str(sweep_file(tmp_path, tiny_model)))
+    res = cli("best", str(killed_sweep_file(tmp_path, tiny_model)))
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.splitlines() == ["No feasible configuration: no configuration met the SLA."]
 
