@@ -13,6 +13,7 @@ unreadable entry is a miss.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -25,13 +26,19 @@ CACHE_DIR_VAR = "VLLM_SWEEP_CACHE_DIR"
 MISS = object()
 
 
+@functools.cache
+def _vllm_version() -> str | None:
+    """The installed vLLM distribution's version, read once per process."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _folder() -> Path | None:
     root = os.environ.get(CACHE_DIR_VAR)
-    if not root:
-        return None
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
+    version = _vllm_version()
+    if not root or version is None:
         return None
     return Path(root).expanduser() / "vllm-flags" / version.replace("/", "_")
 
