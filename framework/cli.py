@@ -69,7 +69,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         key = sweep_mod.api_key(spec)
         launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine,
                                secret_env={"VLLM_API_KEY": key} if key else None,
-                               read_ahead=sweep_mod.read_ahead_dir(spec))
+                               read_ahead=sweep_mod.read_ahead_dir(spec),
+                               fork_start=(spec.engine == "gpu" and
+                                           "fork_start" in spec.server.startup_levers))
         runner = Runner(sw, launcher, console)
         target = max(runner.tuner.finished(), spec.search.n_trials)
         if args.add_trials:

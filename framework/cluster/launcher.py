@@ -81,11 +81,12 @@ class RayLauncher:
     def __init__(self, env: Mapping[str, str], host: str, engine: str,
                  placement_timeout_s: float = 3600.0,
                  secret_env: Mapping[str, str] | None = None,
-                 read_ahead: str | None = None) -> None:
+                 read_ahead: str | None = None, fork_start: bool = False) -> None:
         """`read_ahead`: a model directory each server's node reads into its page cache while
-        the server starts (the `page_cache` start-up lever, framework.cluster.page_cache)."""
+        the server starts (the `page_cache` start-up lever, framework.cluster.page_cache).
+        `fork_start`: the `fork_start` lever (framework.engine.serve_process)."""
         self.env, self.host, self.engine = dict(env), host, engine
-        self.read_ahead = read_ahead
+        self.read_ahead, self.fork_start = read_ahead, fork_start
         self._secret_env = dict(secret_env or {})
         self.placement_timeout_s = placement_timeout_s
         self._lock = threading.Lock()
@@ -184,7 +185,8 @@ class RayLauncher:
             start_read_ahead(self.read_ahead, info["node_id"])
         host = self.host if self.host != "node" else info["node_ip"]
         ref = actor.serve.remote(argv_for_port(host, info["port"]), info["log_path"],
-                                 self.engine, self._secret_env, str(log_path))
+                                 self.engine, self._secret_env, str(log_path),
+                                 self.fork_start)
         server = RayServer(actor=actor, group=group, serve_ref=ref,
                            base_url=f"http://{host}:{info['port']}", node_ip=info["node_ip"],
                            node_id=info["node_id"], pid=info["pid"], port=info["port"],

@@ -62,7 +62,8 @@ class ServerSpec(_Spec):
     (same flags, the other discrete run-setting values), which reuse it.
 
     `startup_levers`: what may shorten a GPU server's start-up (framework.engine.startup_levers;
-    `cudagraph_sizes` is opt-in, the default ones change nothing served); inert on CPU.
+    `cudagraph_sizes` and `fork_start` are opt-in, the default ones change nothing served);
+    inert on CPU.
 
     `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
     own IP on a joined cluster; `node` = always the node's IP; or a literal address.

@@ -1,6 +1,16 @@
-"""Start-up levers: flags and actions that shorten a GPU server's start-up, chosen per trial.
+"""Start-up levers: flags and actions that shorten a server's start-up, chosen per trial.
 Pure; table-tested in tests/unit/test_startup_levers.py. Each lever used is named in the
 trial row (`startup_levers`); on the CPU engine and FakeEngine every lever is inert.
+
+- `fork_start` (opt-in, GPU): vLLM's API server runs in a child process of the server actor,
+  where vLLM may fork its EngineCore and workers instead of spawning them (inside a Ray actor
+  it must spawn: each process imports torch and vLLM again); framework.engine.serve_process.
+  Not with vLLM's Ray executor (`distributed-executor-backend: ray`, which TP x PP > 1 gets
+  by default), whose servers stay in the actor's process. Inert on CPU: vLLM's CPU platform
+  sets VLLM_WORKER_MULTIPROC_METHOD=spawn itself (vllm/platforms/cpu.py,
+  `check_and_update_config`), so there it would only add a process. Opt-in because its gain
+  is unmeasured here (no GPU) and `vllm serve` itself now spawns (cli_env_setup,
+  vllm/entrypoints/serve/utils/api_utils.py).
 
 - `cudagraph_sizes`: `--max-cudagraph-capture-size <max-num-seqs>`. vLLM 0.32 captures graphs
   for batch sizes up to min(2 x max-num-seqs x decode query len, 512)
@@ -60,6 +70,8 @@ def plan_levers(enabled: Collection[str], *, engine: str, flags: Mapping[str, Sc
     `installed`: optional loader packages present on the nodes (e.g. "fastsafetensors")."""
     if engine != "gpu":
         return LeverPlan()
+    forked = ("fork_start",) if ("fork_start" in enabled and
+                                 flags.get("distributed-executor-backend") != "ray") else ()
     add: dict[str, Scalar] = {}
     names: list[str] = []
     seqs = flags.get("max-num-seqs")
@@ -76,4 +88,4 @@ def plan_levers(enabled: Collection[str], *, engine: str, flags: Mapping[str, Sc
             and flags.get("load-format") is None):
         add["load-format"] = "fastsafetensors"
         names.append("load_format")
-    return LeverPlan(flags=add, names=tuple(names))
+    return LeverPlan(flags=add, names=(*names, *forked))

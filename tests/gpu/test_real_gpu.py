@@ -6,7 +6,8 @@ devices, here on real ones:
 - two concurrent TP=1 trials on distinct GPUs both start (on one GPU the second would fail
   vLLM's free-memory check at start-up);
 - a TP=2 trial starts;
-- PP=2 across two nodes, where the cluster has two GPU nodes.
+- PP=2 across two nodes, where the cluster has two GPU nodes;
+- the opt-in `fork_start` lever: vLLM forks its EngineCore instead of spawning it.
 The model is $VLLM_SWEEP_GPU_MODEL, else the tiny local Llama (`make model`).
 """
 
@@ -35,14 +36,15 @@ def _model() -> Path:
     return Path(os.environ.get("VLLM_SWEEP_GPU_MODEL", ROOT / "models" / "tiny-llama"))
 
 
-def _sweep(tmp: Path, name: str, parameters: dict, n_trials: int, concurrent: int) -> Path:
+def _sweep(tmp: Path, name: str, parameters: dict, n_trials: int, concurrent: int,
+           **server: object) -> Path:
     space = tmp / f"{name}-space.yaml"
     space.write_text(yaml.safe_dump({"parameters": parameters}))
     sweep = tmp / f"{name}.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": name, "model": str(_model()), "search_space": str(space), "engine": "gpu",
         "server": {"args": {"max-model-len": 512, "gpu-memory-utilization": 0.4},
-                   "startup_timeout_s": 900, "reuse": False},
+                   "startup_timeout_s": 900, "reuse": False, **server},
         "workload": {"num_prompts": 20, "input_len": 64, "output_len": 16, "warmup_requests": 0},
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": n_trials, "baseline": False},
         "cluster": {"max_concurrent_trials": concurrent, "cache_dir": str(tmp / "cache")},
@@ -73,6 +75,19 @@ def test_two_concurrent_tp1_trials_use_distinct_gpus(short_tmp):
     # The default start-up levers on a GPU: the weights read ahead, the shared compile cache.
     for levers in trials["startup_levers"]:
         assert {"page_cache", "compile_cache"} <= set(levers), levers
+
+
+@pytest.mark.timeout(3600)
+def test_fork_start_lets_vllm_fork(short_tmp):
+    """In a Ray actor vLLM logs that it must spawn; in fork_start's child it does not."""
+    levers = ["fork_start", "compile_cache"]
+    trials = _run(short_tmp, _sweep(short_tmp, "forked", {"max-num-seqs": {
+        "type": "categorical", "choices": [16]}}, 1, 1, startup_levers=levers), "forked")
+    assert (trials["state"] == "COMPLETE").all(), trials[["fail_reason", "fail_detail"]]
+    assert "fork_start" in list(trials["startup_levers"].iloc[0])
+    log = next((short_tmp / "results" / "forked" / "logs").glob("trial-*.log")).read_text()
+    assert "In a Ray actor and can only be spawned" not in log
+    assert "Starting to load model" in log
 
 
 @pytest.mark.timeout(3600)

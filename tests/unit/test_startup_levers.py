@@ -18,27 +18,35 @@ ALL = LEVERS
 FAST = ("fastsafetensors",)
 
 
+DEFAULTS = ("compile_cache", "page_cache", "load_format")
+
+
 @pytest.mark.parametrize(("enabled", "engine", "flags", "installed", "added", "names"), [
-    # CPU and FakeEngine: every lever inert
-    (ALL, "cpu", {"max-num-seqs": 8}, FAST, {}, ()),
+    # CPU and FakeEngine: every lever inert (vLLM's CPU platform spawns whatever we do)
     (ALL, "fake", {"max-num-seqs": 8}, FAST, {}, ()),
+    (ALL, "cpu", {"max-num-seqs": 8}, FAST, {}, ()),
+    # vLLM's Ray executor (what TP x PP > 1 gets): the server stays in the actor, no fork
+    (("fork_start",), "gpu", {"distributed-executor-backend": "ray"}, FAST, {}, ()),
+    (("fork_start",), "gpu", {"distributed-executor-backend": "mp"}, FAST, {},
+     ("fork_start",)),
     # GPU, graphs captured: capture sizes capped at max-num-seqs, loader picked when installed
     (ALL, "gpu", {"max-num-seqs": 64}, FAST,
      {"max-cudagraph-capture-size": 64, "load-format": "fastsafetensors"},
-     ("cudagraph_sizes", "compile_cache", "page_cache", "load_format")),
+     ("cudagraph_sizes", "compile_cache", "page_cache", "load_format", "fork_start")),
     # the defaults leave cudagraph_sizes out; nothing installed: no load format
-    (("compile_cache", "page_cache", "load_format"), "gpu", {"max-num-seqs": 64}, (), {},
-     ("compile_cache", "page_cache")),
+    (DEFAULTS, "gpu", {"max-num-seqs": 64}, (), {}, ("compile_cache", "page_cache")),
+    (ALL, "gpu", {"max-num-seqs": 64, "distributed-executor-backend": "ray"}, (),
+     {"max-cudagraph-capture-size": 64}, ("cudagraph_sizes", "compile_cache", "page_cache")),
     # enforce-eager: no graphs, no compile
-    (ALL, "gpu", {"max-num-seqs": 64, "enforce-eager": True}, (), {}, ("page_cache",)),
+    (ALL[:4], "gpu", {"max-num-seqs": 64, "enforce-eager": True}, (), {}, ("page_cache",)),
     # -O0 compiles nothing either
-    (ALL, "gpu", {"max-num-seqs": 64, "optimization-level": 0}, (), {}, ("page_cache",)),
+    (ALL[:4], "gpu", {"max-num-seqs": 64, "optimization-level": 0}, (), {}, ("page_cache",)),
     # the user's own capture sizes win; no max-num-seqs: vLLM's default stays
-    (ALL, "gpu", {"max-num-seqs": 64, "cudagraph-capture-sizes": "[1, 2, 4]"}, (), {},
+    (ALL[:4], "gpu", {"max-num-seqs": 64, "cudagraph-capture-sizes": "[1, 2, 4]"}, (), {},
      ("compile_cache", "page_cache")),
-    (ALL, "gpu", {}, (), {}, ("compile_cache", "page_cache")),
+    (ALL[:4], "gpu", {}, (), {}, ("compile_cache", "page_cache")),
     # dummy weights: nothing to read ahead, and the load format is the user's
-    (ALL, "gpu", {"load-format": "dummy"}, FAST, {}, ("compile_cache",)),
+    (ALL[:4], "gpu", {"load-format": "dummy"}, FAST, {}, ("compile_cache",)),
 ])
 def test_plan_levers(enabled, engine, flags, installed, added, names):
     plan = plan_levers(enabled, engine=engine, flags=flags, installed=installed)
@@ -52,7 +60,7 @@ def test_load_format_needs_safetensors():
 
 
 def test_server_spec_levers_are_validated():
-    assert ServerSpec().startup_levers == ("compile_cache", "page_cache", "load_format")
+    assert ServerSpec().startup_levers == DEFAULTS
     assert ServerSpec(startup_levers=[]).startup_levers == ()
     with pytest.raises(ValidationError, match="cudagraph_sizes"):
         ServerSpec(startup_levers=["graphs"])

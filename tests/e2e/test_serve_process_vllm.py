@@ -1,0 +1,59 @@
+"""The `fork_start` lever's child on a real vLLM CPU server (framework.engine.serve_process):
+started from a parent standing in for the server actor, it serves; when that parent is
+SIGKILLed (what `ray.kill` does to an actor), the child and vLLM's EngineCore and worker
+below it end too, with nothing left. On CPU vLLM still spawns its processes (its platform
+says so), so this checks the plumbing, not a faster start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from framework.cluster.ports import pick_port
+from framework.load.loadgen import wait_ready
+from tests.helpers import MARKER_VAR
+from tests.helpers import new_marker
+from tests.helpers import wait_no_marked_processes
+
+HOST = "127.0.0.1"
+
+
+@pytest.mark.timeout(420)
+def test_the_child_serves_and_ends_with_its_actor(tiny_model, tmp_path):
+    port = pick_port(HOST, [])
+    marker = new_marker()
+    argv = ["--model", str(tiny_model), "--host", HOST, "--port", str(port),
+            "--max-model-len", "512", "--max-num-seqs", "4", "--enforce-eager"]
+    code = "import sys; from framework.engine.serve_process import serve_in_child; " \
+           "serve_in_child(sys.argv[1:])"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", **{MARKER_VAR: marker})
+    with open(tmp_path / "server.log", "wb") as log:
+        actor = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ready = asyncio.run(wait_ready(f"http://{HOST}:{port}", 300,
+                                       is_alive=lambda: actor.poll() is None))
+        text = (tmp_path / "server.log").read_text(errors="replace")
+        assert ready, text[-3000:]
+        tree = psutil.Process(actor.pid).children(recursive=True)
+        commands = [" ".join(p.cmdline()) for p in tree]
+        assert any("framework.engine.serve_process" in c for c in commands), commands
+        assert len(tree) >= 3, commands  # API server child, EngineCore, worker
+        actor.send_signal(signal.SIGKILL)
+        actor.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            assert time.monotonic() < deadline, "vLLM's processes outlived their actor"
+            time.sleep(0.5)
+    finally:
+        if actor.poll() is None:
+            os.killpg(actor.pid, signal.SIGKILL)
+            actor.wait(timeout=30)
+        assert wait_no_marked_processes(marker) == []

@@ -1,0 +1,88 @@
+"""The `fork_start` lever's child process (framework.engine.serve_process): when a server must
+stay in the actor, what a child's exit means, that a rejected argv comes back as the same
+TrialError vLLM's parser gives in-process, and that the child dies with its parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from framework.base.errors import TrialError
+from framework.engine.serve_process import FAILED_EXIT
+from framework.engine.serve_process import PARENT_VAR
+from framework.engine.serve_process import failure_of
+from framework.engine.serve_process import serve_in_child
+from framework.engine.serve_process import uses_ray_executor
+from framework.engine.server_args import server_argv
+from framework.engine.server_args import trial_flags
+from framework.engine.startup_levers import LEVERS
+from framework.engine.startup_levers import plan_levers
+
+
+@pytest.mark.parametrize(("argv", "ray"), [
+    ([], False),
+    (["--model", "m", "--distributed-executor-backend", "ray"], True),
+    (["--distributed-executor-backend=ray"], True),
+    (["--distributed-executor-backend", "mp"], False),
+    (["--distributed-executor-backend=uni", "--port", "1"], False),
+    (["--distributed-executor-backend"], False),
+])
+def test_uses_ray_executor(argv, ray):
+    assert uses_ray_executor(argv) is ray
+
+
+@pytest.mark.parametrize("params", [
+    {}, {"tensor-parallel-size": 2}, {"pipeline-parallel-size": 2},
+    {"tensor-parallel-size": 2, "distributed-executor-backend": "mp"}, {"max-num-seqs": 8},
+])
+def test_the_row_names_fork_start_exactly_when_the_actor_forks(params):
+    """plan_levers (the row) and the actor (the argv) decide alike for every trial shape."""
+    flags = trial_flags({}, params, is_baseline=False)
+    named = "fork_start" in plan_levers(LEVERS, engine="gpu", flags=flags).names
+    assert named is not uses_ray_executor(server_argv("m", flags, "127.0.0.1", 8000))
+
+
+@pytest.mark.parametrize(("code", "result", "reason", "detail"), [
+    (FAILED_EXIT, json.dumps({"reason": "oom_at_startup", "detail": "out of memory"}),
+     "oom_at_startup", "out of memory"),
+    (1, "", "startup_crash", "exit code 1"),
+    (FAILED_EXIT, "", "startup_crash", "exit code 3"),
+    (-9, "", "startup_crash", "signal SIGKILL"),
+])
+def test_failure_of(code, result, reason, detail):
+    failure = failure_of(code, result)
+    assert failure is not None and failure.reason == reason and detail in failure.detail
+
+
+def test_failure_of_a_clean_exit_is_none():
+    assert failure_of(0, "") is None
+
+
+def test_a_rejected_argv_comes_back_as_invalid_args():
+    """The child parses with vLLM's own parser (real vLLM import in the child)."""
+    with pytest.raises(TrialError) as err:
+        serve_in_child(["--model", "models/none", "--max-num-seqs", "many"])
+    assert err.value.reason == "invalid_args" and "max-num-seqs" in err.value.detail
+
+
+def test_the_child_dies_with_its_parent():
+    """A parent that dies without stopping its child (a killed actor) leaves no server."""
+    child = ("import time; from framework.engine.serve_process import _die_with_parent; "
+             "_die_with_parent(); print('armed', flush=True); time.sleep(120)")
+    parent = ("import os, subprocess, sys; "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}], "
+              f"env={{**os.environ, {PARENT_VAR!r}: str(os.getpid())}}, stdout=subprocess.PIPE); "
+              "p.stdout.readline(); print(p.pid, flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True)
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)
