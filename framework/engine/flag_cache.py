@@ -27,8 +27,9 @@ MISS = object()
 
 
 @functools.cache
-def _vllm_version() -> str | None:
-    """The installed vLLM distribution's version, read once per process."""
+def vllm_version() -> str | None:
+    """The installed vLLM distribution's version (None: not installed), read once per
+    process."""
     try:
         return importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -37,7 +38,7 @@ def _vllm_version() -> str | None:
 
 def _folder() -> Path | None:
     root = os.environ.get(CACHE_DIR_VAR)
-    version = _vllm_version()
+    version = vllm_version()
     if not root or version is None:
         return None
     return Path(root).expanduser() / "vllm-flags" / version.replace("/", "_")

@@ -14,6 +14,7 @@ __getattr__, __all__ = lazy_exports(__name__, {
     "PRICES": "prices",
     "resolve_price": "prices",
     "Target": "columns",
+    "Sizing": "columns",
     "FLEET_COLUMNS": "columns",
     "fleet_values": "columns",
 })

@@ -33,6 +33,17 @@ class Target:
     headroom: float = 0.0
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """What fleet_values sizes a configuration with: the target (None: no fleet), a replica's
+    price (None: no cost) and its TP x PP."""
+
+    target: Target | None
+    price: Price | None
+    tp: int = 1
+    pp: int = 1
+
+
 def fleet_values(metrics: Mapping[str, float | None], target: Target | None,
                  price: Price | None, tp: int = 1, pp: int = 1) -> dict[str, object]:
     """The FLEET_COLUMNS of a trial measured as `metrics` (empty when it measured nothing),

@@ -125,7 +125,7 @@ def entry_lines(e: Entry) -> list[str]:
     if s.fleet is not None:
         f = s.fleet
         fleet = ("no capacity measured: no fleet" if f.replicas is None else
-                 f"{f.replicas} replicas x {f.gpus_per_replica} = {f.gpus} devices, "
+                 f"{f.replicas} replicas x {s.tp * s.pp} = {f.gpus} devices, "
                  f"{_money(f.cost_per_hour, currency)}/hour")
         lines.append(f"  fleet for {number(f.target_rps)} req/s (headroom {f.headroom:.0%}): {fleet}")
     return lines

@@ -23,9 +23,10 @@ from framework.base.vocabulary import with_unit
 from framework.config.target_spec import TargetSpec
 from framework.results.decision import fleet_answer
 from framework.results.decision import fleet_text
+from framework.results.early import causes_text
+from framework.results.early import stopped_text
 from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
-from framework.results.queries import requests_done
 from framework.results.queries import result_label
 from framework.results.rows import param_column
 from framework.results.verdict import SweepVerdict
@@ -91,8 +92,7 @@ class Progress:
             self.best = obj
         verdict = ("[green]feasible[/green]" if feasible
                    else f"[yellow]infeasible[/yellow] ({row['sla_violations']})")
-        early = (f" [cyan]stopped early after {requests_done(row)} requests[/cyan]"
-                 if cut_short(row) else "")
+        early = f" [cyan]{stopped_text(row)}[/cyan]" if cut_short(row) else ""
         self._line(f"  trial {number}: {self.objective}={with_unit(self.objective, obj)} "
                    f"{ttft_key}={with_unit(ttft_key, row.get(ttft_key))} "
                    f"{tpot_key}={with_unit(tpot_key, row.get(tpot_key))} {verdict}{early}; "
@@ -159,14 +159,18 @@ def print_summary(console: Console, trials: pd.DataFrame, params: Sequence[str],
 
 
 def stopped_early_line(trials: pd.DataFrame) -> str | None:
-    """Which trials' metrics come from a load stopped early (their SLA surely broken after a
-    few requests): their throughputs cover a fraction of the load."""
+    """Which trials' metrics come from a load stopped early, by cause (early.causes: their SLA
+    surely broken after a few requests, or over-saturated): their throughputs cover a fraction
+    of the load."""
     early = trials[cut_short_mask(trials)] if not trials.empty else trials
     if early.empty:
         return None
-    numbers = ", ".join(str(int(n)) for n in early["trial_number"])
-    return (f"Stopped early (SLA surely broken): trial{'s' if len(early) > 1 else ''} {numbers}; "
-            "their metrics cover only the requests before the stop.")
+    by_cause: dict[str, list[str]] = {}
+    for _, r in early.iterrows():
+        by_cause.setdefault(causes_text([r.to_dict()]), []).append(str(int(r["trial_number"])))
+    return "; ".join(f"Stopped early ({why}): trial{'s' if len(ns) > 1 else ''} {', '.join(ns)}"
+                     for why, ns in by_cause.items()) \
+        + "; their metrics cover only the requests before the stop."
 
 
 def noise_line(trials: pd.DataFrame) -> str | None:

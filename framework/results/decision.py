@@ -7,7 +7,10 @@ console's fleet line.
 The fleet is sized on the configuration's least favourable COMPLETE measurement: the lowest
 capacity_rps among its fresh servers (the origin and its confirmation runs) in capacity mode,
 the lowest output_throughput otherwise; its row's fleet columns are the answer, so the answer
-equals fleet.sizing.fleet_for over that row's capacity_rps.
+equals fleet.sizing.fleet_for over that row's capacity_rps. `fleet_answer` is the one builder
+of that answer: from the columns the run stored (the Decision, the console), or from
+fleet.columns.fleet_values over that row at another target or price (results.deploy: `export`,
+`compare --target`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from framework.base.exit_codes import EXIT_NO_FEASIBLE  # noqa: F401 - re-export
 from framework.base.vocabulary import Scalar
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
+from framework.fleet.columns import FLEET_COLUMNS
+from framework.fleet.columns import Sizing
+from framework.fleet.columns import fleet_values
 from framework.results.rows import plain
 from framework.results.status import best_fields
 from framework.results.verdict import SweepVerdict
@@ -75,14 +81,27 @@ def sizing_row(trials: pd.DataFrame, number: int) -> pd.Series | None:
     return done.loc[done[column].astype(float).idxmin()]
 
 
+_MEASURED = ("capacity_rps", "output_throughput", "total_token_throughput")
+
+
 def fleet_answer(trials: pd.DataFrame, verdict: SweepVerdict, headroom: float = 0.0,
-                 currency: str = "USD", device: str = "GPU") -> FleetAnswer | None:
-    """The fleet of the configuration to deploy; None when there is none to deploy."""
+                 currency: str = "USD", device: str = "GPU", *,
+                 sizing: Sizing | None = None) -> FleetAnswer | None:
+    """The fleet of the configuration to deploy; None when there is none to deploy. Without
+    `sizing`, the sizing row's fleet columns as the run stored them; with it, fleet_values over
+    that row's measurements (headroom then the sizing target's)."""
     if verdict.ship is None or (row := sizing_row(trials, verdict.ship)) is None:
         return None
+    if sizing is None:
+        values = {name: _value(row, name) for name, _ in FLEET_COLUMNS}
+    else:
+        measured = {c: _value(row, c) for c in _MEASURED}
+        values = fleet_values(measured, sizing.target, sizing.price,  # type: ignore[arg-type]
+                              sizing.tp, sizing.pp)
+        headroom = sizing.target.headroom if sizing.target else 0.0
 
     def num(column: str) -> float | None:
-        value = _value(row, column)
+        value = values[column] if column in values else _value(row, column)
         return None if value is None else float(value)  # type: ignore[arg-type]
 
     def whole(column: str) -> int | None:
@@ -95,7 +114,7 @@ def fleet_answer(trials: pd.DataFrame, verdict: SweepVerdict, headroom: float = 
         replicas=whole("replicas_for_target"), gpus=whole("gpus_for_target"),
         cost_per_hour=num("cost_per_hour_for_target"),
         price_per_replica_hour=num("price_per_replica_hour"),
-        price_source=_value(row, "price_source"),  # type: ignore[arg-type]
+        price_source=values["price_source"],  # type: ignore[arg-type]
         currency=currency, cost_per_mtok_output=num("cost_per_mtok_output"),
         cost_per_mtok_total=num("cost_per_mtok_total"), device=device)
 

@@ -2,10 +2,10 @@
 and interval, its hardware, and (with a `target:`) the fleet that carries the target and its cost.
 
 Which trial ships is the verdict's alone (results.verdict: the winner, or vLLM's defaults when
-nothing beat them beyond the noise), its flags what `best` prints (status.shipped_flags). The
-fleet arithmetic is framework.fleet's: replicas from the shipped configuration's least favourable
-fresh-server capacity_rps (results.decision.sizing_row, as the Decision section sizes it), TP x PP
-from its flags; cost per million output tokens from that measurement's output_throughput.
+nothing beat them beyond the noise), its flags what `best` prints (status.shipped_flags). Its
+fleet and cost are the Decision's builder's (results.decision.fleet_answer) at the given target
+and price: replicas from the least favourable fresh-server capacity_rps (sizing_row), TP x PP
+from its flags, cost per million output tokens from that measurement's output_throughput.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ import pandas as pd
 
 from framework.config.specs import SweepSpec
 from framework.engine.server_args import flag_args
+from framework.fleet.columns import Sizing
 from framework.fleet.columns import Target
 from framework.fleet.manifests import Deployment
 from framework.fleet.prices import Price
-from framework.fleet.sizing import Fleet
-from framework.fleet.sizing import cost_per_mtok
-from framework.fleet.sizing import fleet_for
+from framework.results.decision import FleetAnswer
+from framework.results.decision import device_of
+from framework.results.decision import fleet_answer
 from framework.results.decision import sizing_row
 from framework.results.status import shipped_flags
 from framework.results.verdict import Estimate
@@ -36,7 +37,8 @@ from framework.results.verdict import decide
 @dataclass(frozen=True)
 class Shipped:
     """One sweep's shipped configuration. `value`: the objective's estimate (geometric mean over
-    fresh servers, 95% interval when the noise is known); None fields: not measured / no price."""
+    fresh servers, 95% interval when the noise is known); `sized`: its fleet answer at the
+    target and price (target_rps None without a target); None fields: not measured / no price."""
 
     sweep: str
     trial: int
@@ -51,13 +53,26 @@ class Shipped:
     hardware: str | None
     tp: int
     pp: int
-    capacity_rps: float | None
     output_throughput: float | None
-    fleet: Fleet | None
+    sized: FleetAnswer | None
     price: Price | None
-    cost_per_mtok: float | None
     model_sha256: str | None
     workload_sha256: str | None
+
+    @property
+    def fleet(self) -> FleetAnswer | None:
+        """The fleet that carries the target; None without a target."""
+        s = self.sized
+        return s if s is not None and s.target_rps is not None else None
+
+    @property
+    def capacity_rps(self) -> float | None:
+        return None if self.sized is None else self.sized.capacity_rps
+
+    @property
+    def cost_per_mtok(self) -> float | None:
+        """Cost per million output tokens of one replica; None without a price."""
+        return None if self.sized is None else self.sized.cost_per_mtok_output
 
 
 def _float(row: pd.Series, column: str) -> float | None:
@@ -86,21 +101,17 @@ def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
     row, flags = shipped_flags(trials, verdict.ship, params, dict(spec.server.args), run_params)
     est = verdict.estimate if verdict.number is not None else verdict.baseline
     sizing = sizing_row(trials, verdict.ship)
-    measured = {c: None if sizing is None else _float(sizing, c)
-                for c in ("capacity_rps", "output_throughput")}
     tp = int(flags.get("tensor-parallel-size") or 1)
     pp = int(flags.get("pipeline-parallel-size") or 1)
     price = price_of(tp, pp)
-    per_replica = price.per_replica_hour if price else None
-    fleet = None if target is None else fleet_for(
-        target.rps, measured["capacity_rps"], headroom=target.headroom, tp=tp, pp=pp,
-        price_per_replica_hour=per_replica)
+    sized = fleet_answer(trials, verdict, currency=spec.pricing.currency,
+                         device=device_of(spec.engine), sizing=Sizing(target, price, tp, pp))
     return Shipped(
         sweep=spec.name, trial=verdict.ship, verdict=verdict, objective=metric, value=est,
         model=str(spec.model), flags=flags, serve_command=str(row["serve_command"]),
         engine=spec.engine, gpu=spec.gpu, hardware=_text(row, "hardware"), tp=tp, pp=pp,
-        capacity_rps=measured["capacity_rps"], output_throughput=measured["output_throughput"],
-        fleet=fleet, price=price, cost_per_mtok=cost_per_mtok(per_replica, measured["output_throughput"]),
+        output_throughput=None if sizing is None else _float(sizing, "output_throughput"),
+        sized=sized, price=price,
         model_sha256=_text(row, "model_config_sha256"), workload_sha256=_text(row, "workload_sha256"))
 
 
@@ -147,6 +158,6 @@ def as_json(s: Shipped) -> dict[str, object]:
     if s.fleet is not None:
         f = s.fleet
         out["fleet"] = {"target_rps": f.target_rps, "headroom": f.headroom, "replicas": f.replicas,
-                        "gpus_per_replica": f.gpus_per_replica, "gpus": f.gpus,
+                        "gpus_per_replica": s.tp * s.pp, "gpus": f.gpus,
                         "cost_per_hour": f.cost_per_hour}
     return out

@@ -33,6 +33,7 @@ from framework.config.specs import SweepSpec
 from framework.config.specs import WorkloadSpec
 from framework.results.decision_report import decision_section
 from framework.results.diagnosis import diagnose
+from framework.results.early import causes_text
 from framework.results.quality_report import quality_section
 from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
@@ -135,9 +136,11 @@ def _table(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str], best: i
                  *[f"<td class='n'>{esc(row.get(k))}</td>" for k, _ in metrics]]
         css_row = "best" if number == best else "early" if cut_short(row) else ""
         lines.append(f"<tr class='{css_row}'>{''.join(cells)}</tr>")
+    why = causes_text([r.to_dict() for _, r in trials[cut_short_mask(trials)].iterrows()]
+                      if not trials.empty else [])
     lines.append("</tbody></table></div><p class='small'>* baseline: vLLM's defaults (no tuned "
                  "flag passed); the best feasible trial is highlighted; rows in grey italics "
-                 "stopped early (SLA surely broken): their numbers cover only the requests "
+                 f"stopped early ({html.escape(why)}): their numbers cover only the requests "
                  "before the stop.</p>")
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.results.early import cut_short
-from framework.results.early import requests_done
+from framework.results.early import stopped_text
 from framework.results.early import text as _text
 from framework.results.rows import param_column
 
@@ -43,13 +43,14 @@ def state_label(row: Mapping[str, object]) -> str:
 
 def result_label(row: Mapping[str, object]) -> str:
     """state_label, with the limits a violating trial broke (and by how much) and, for a load
-    stopped early, how many requests its metrics cover: `SLA violated: p99_ttft_ms 612 ms >
-    500 ms (+22%); stopped early after 12 requests`."""
+    stopped early, how many requests its metrics cover and why if not its SLA (early.
+    stopped_text): `SLA violated: p99_ttft_ms 612 ms > 500 ms (+22%); stopped early after 12
+    requests`."""
     text = state_label(row)
     if text == "SLA violated" and _text(row.get("sla_violations")):
         text += f": {_text(row.get('sla_violations'))}"
     if cut_short(row):
-        text += f"; stopped early after {requests_done(row)} requests"
+        text += f"; {stopped_text(row)}"
     return text
 
 

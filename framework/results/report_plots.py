@@ -30,9 +30,11 @@ from framework.base.vocabulary import label
 from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
 from framework.config.specs import SweepSpec
+from framework.results.early import SLA_BROKEN
+from framework.results.early import causes_text
+from framework.results.early import requests_done
 from framework.results.queries import cut_short_mask
 from framework.results.queries import pareto_front
-from framework.results.queries import requests_done
 
 FEASIBLE, INFEASIBLE, FRONT, LIMIT, BASELINE = "#2ca02c", "#ff7f0e", "#1f77b4", "#d62728", "#222"
 BASELINE_NAME = "baseline (vLLM's defaults)"
@@ -103,9 +105,11 @@ def stopped_early_note(trials: pd.DataFrame) -> str:
         return ""
     names = ", ".join(f"{int(r['trial_number'])} (after {requests_done(r.to_dict())} requests)"
                       for _, r in early.iterrows())
+    why = causes_text([r.to_dict() for _, r in early.iterrows()])
+    how = "once the SLA was surely broken" if why == SLA_BROKEN else f"({html.escape(why)})"
     return (f"<p class='small early-note'>Left out of the plots and the importances: trial"
-            f"{'s' if len(early) > 1 else ''} {names}, stopped early once the SLA was surely "
-            "broken; their throughputs come from a fraction of the load.</p>")
+            f"{'s' if len(early) > 1 else ''} {names}, stopped early {how}; their throughputs "
+            "come from a fraction of the load.</p>")
 
 
 def latency_key(spec: SweepSpec, trials: pd.DataFrame, metric: str) -> str:

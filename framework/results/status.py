@@ -49,7 +49,7 @@ class Status:
     elapsed_s: float
     remaining_s: float | None
     driver_pid: int | None
-    stopped_early: int = 0  # COMPLETE trials whose load stopped early (SLA surely broken)
+    stopped_early: int = 0  # COMPLETE trials whose load stopped early (early.causes)
     verdict: str | None = None  # results.verdict's headline
     baseline: str | None = None  # the baseline trial's number, objective and result
     violations: tuple[str, ...] = ()  # the latest SLA-violating trials and what they broke

@@ -42,7 +42,7 @@ from framework.engine.server_args import trial_flags
 from framework.sweep.loader import Sweep
 from framework.sweep.loader import cache_dir
 from framework.sweep.loader import feasibility
-from framework.sweep.loader import load_plan
+from framework.sweep.trial_load import load_plan
 from framework.trial.measure import LoadPlan
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome

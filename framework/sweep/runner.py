@@ -2,26 +2,25 @@
 
 Order per trial: ask Optuna -> its plan (flags, shape, bundles, server key, load:
 `trial_plan.TrialPlan`, worked out once) -> placement check and feasibility model (a
-configuration that can never be placed, or cannot fit in memory, is recorded without
-launching) -> run the trial in a worker thread (reserve its placement group, start, warm up,
-measure) -> write request rows, then the trial row -> tell Optuna. Optuna is touched only
-through the Tuner, from the calling thread (and, for a screening run's pruning decision, from
-the trial's thread through the Tuner's lock). A new trial is asked for only while fewer than
-MAX_WAITING earlier ones still wait for placement, or while devices sit free that none of them
-can use (placement.ask_another), so the study stays close to what the cluster can place and
-small trials backfill behind a large one; the loop wakes when a trial ends and when a
-background stop releases a group. Ray reserves each group all-or-nothing, so queued trials
-hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep rewrites
-rather than duplicates, and a driver killed between writing and telling leaves a RUNNING trial
-that the next run closes as FAIL(interrupted). A measured trial's server goes to the
-`ServerPool`: with server.reuse it is kept for one asking round, and a new trial with the same
-vLLM flags takes it over (trial.Reused); otherwise it is stopped in the background, and every
-stop is joined before `run` returns.
+configuration that can never be placed, or cannot fit in memory, is recorded without launching)
+-> run the trial in a worker thread (reserve its placement group, start, warm up, measure) ->
+judge it (trial.judge) -> write request rows, then the trial row -> tell Optuna. Optuna is
+touched only through the Tuner, from the calling thread (and, for a screening run's pruning
+decision, from the trial's thread through the Tuner's lock). A new trial is asked for only
+while fewer than MAX_WAITING earlier ones still wait for placement, or while devices sit free
+that none of them can use (placement.ask_another), so the study stays close to what the cluster
+can place and small trials backfill behind a large one; the loop wakes when a trial ends and
+when a background stop releases a group. Ray reserves each group all-or-nothing, so queued
+trials hold nothing and cannot deadlock. Rows are keyed by trial number: a resumed sweep
+rewrites rather than duplicates, and a driver killed between writing and telling leaves a
+RUNNING trial that the next run closes as FAIL(interrupted). A measured trial's server goes to
+the `ServerPool`: with server.reuse it is kept for one asking round, and a new trial with the
+same vLLM flags takes it over (trial.Reused); otherwise it is stopped in the background, and
+every stop is joined before `run` returns.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import threading
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import Future
@@ -41,8 +40,8 @@ from framework.cluster.placement import ask_another
 from framework.config.search_space import grid_size
 from framework.config.workloads_spec import class_names
 from framework.engine.feasibility import Feasibility
-from framework.fleet.columns import fleet_values
-from framework.fleet.columns import with_objectives
+from framework.engine.flag_cache import vllm_version
+from framework.fleet.columns import Sizing
 from framework.results.console import Progress
 from framework.results.console import print_summary
 from framework.results.decision import device_of
@@ -58,28 +57,26 @@ from framework.search.tuner import Evaluation
 from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
 from framework.sweep.loader import Sweep
-from framework.sweep.loader import load_plan
 from framework.sweep.quality_gate import QualityGate
 from framework.sweep.remeasure import queue_confirmations
 from framework.sweep.remeasure import queue_end_runs
 from framework.sweep.remeasure import queue_interleaved
 from framework.sweep.remeasure import remeasure_load
 from framework.sweep.server_pool import ServerPool
+from framework.sweep.trial_load import load_plan
 from framework.sweep.trial_plan import Running
 from framework.sweep.trial_plan import TrialPlan
 from framework.sweep.trial_plan import plan_trial
 from framework.sweep.trial_plan import rejection
+from framework.trial.judge import judge
 from framework.trial.measure import LoadPlan
-from framework.trial.objective import evaluate_repeated
 from framework.trial.objective import per_device
-from framework.trial.precision import precision_columns
 from framework.trial.run import Reused
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome
 from framework.trial.run import run_trial
 from framework.trial.share_gate import OPEN
 from framework.trial.share_gate import ShareGate
-from framework.trial.workloads import judge_workloads
 
 
 class ClusterLauncher(ServerLauncher, Protocol):
@@ -88,13 +85,6 @@ class ClusterLauncher(ServerLauncher, Protocol):
     def free_devices(self) -> float: ...
 
     def stop_all(self) -> None: ...
-
-
-def _vllm_version() -> str:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @dataclass
@@ -123,7 +113,7 @@ class Runner:
         self.columns = trial_columns(sweep.space, spec.workload.percentiles, list(spec.sla),
                                      classes)
         self.workload_columns = workload_columns(spec.workload.percentiles, classes)
-        self.vllm_version = _vllm_version()
+        self.vllm_version = vllm_version() or "unknown"
         self.tuner = Tuner(self.store.journal_path, spec.name, sweep.space,
                            spec.objective.directions, spec.search.sampler,
                            spec.search.seed, spec.search.effective_startup_trials,
@@ -331,36 +321,23 @@ class Runner:
     def _record(self, plan: TrialPlan, outcome: TrialOutcome, feas: Feasibility | None = None,
                 server_log: Path | None = None) -> dict:
         """Write the trial's request rows, then its row; tell the study. Returns the row."""
-        p, obj = plan.proposal, self.spec.objective
-        verdict, intervals, each = None, None, []
+        p, shape = plan.proposal, plan.shape
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
-        shape, target = plan.shape, self.sweep.target
-        price = self.sweep.price(shape.tp, shape.pp)
-        if outcome.ok:
-            devices = plan.shape.world_size
-            runs = with_objectives([per_device(r, devices) for r in outcome.runs or (outcome.metrics,)],
-                                   target, price, shape.tp, shape.pp)
-            outcome = replace(outcome, metrics=with_objectives(
-                [per_device(outcome.metrics, devices)], target, price, shape.tp, shape.pp)[0])
-            verdict, intervals = evaluate_repeated(runs, sla, obj.metric, obj.pareto_with,
-                                                   self.spec.search.sla_on, judged)
-            if outcome.workloads:  # the SLA on each workload, their objectives aggregated
-                results, verdict, each = judge_workloads(outcome.workloads, devices, sla, obj,
-                                                         judged)
-                outcome = replace(outcome, workloads=results)
-            intervals.update(precision_columns([float(r[obj.metric]) for r in runs
-                                                if obj.metric in r],  # no value: none
-                                               plan.load.precision, outcome.precision_stop))
+        j = judge(outcome, sla, self.spec.objective, sla_on=self.spec.search.sla_on,
+                  judged=judged, devices=shape.world_size, precision=plan.load.precision,
+                  sizing=Sizing(self.sweep.target, self.sweep.price(shape.tp, shape.pp),
+                                shape.tp, shape.pp))
+        outcome, verdict, intervals = j.outcome, j.verdict, j.intervals
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,
                            server_log=str(server_log or self.store.log_path(p.number)),
                            feasibility=feas, sla=self.spec.sla, provenance=self.provenance,
                            confirmation_of=p.confirm_of, startup_levers=plan.levers,
-                           fleet=fleet_values(outcome.metrics, target, price, shape.tp, shape.pp))
+                           fleet=j.fleet)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         if self.spec.workloads:
-            self.store.write_workloads(p.number, workload_rows(p.number, outcome, each,
+            self.store.write_workloads(p.number, workload_rows(p.number, outcome, j.each,
                                                                self.workload_columns),
                                        self.workload_columns)
         self.store.write_trial(row, self.columns)

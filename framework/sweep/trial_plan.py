@@ -29,7 +29,7 @@ from framework.sweep.loader import Sweep
 from framework.sweep.loader import feasibility
 from framework.sweep.loader import has_safetensors
 from framework.sweep.loader import installed_loaders
-from framework.sweep.loader import with_run_settings
+from framework.sweep.trial_load import with_run_settings
 from framework.trial.measure import LoadPlan
 from framework.trial.run import TrialOutcome
 

@@ -79,7 +79,7 @@ def check_run_settings(spec: SweepSpec, space: SearchSpace,
                        fields: Mapping[str, str] = RUN_SETTINGS) -> None:
     """Every value a run setting (kind: run) can take must be one its workload field accepts
     (max-concurrency sets workload.max_concurrency: an int > 0; a float range cannot set an
-    int): trials apply them without validating again (loader.with_run_settings). A timed
+    int): trials apply them without validating again (trial_load.with_run_settings). A timed
     trace times its requests: request-rate and burstiness do not apply to it, speed-up only
     to it."""
     trace = spec.workload.dataset == "timed_trace"

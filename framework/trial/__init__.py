@@ -1,5 +1,6 @@
 """One trial on one server, without Ray: start, ready, warm-up, the measured load and its
-statistics (`run`, `measure`, `capacity`, `stats`), and the SLA verdict (`objective`). Defines
+statistics (`run`, `measure`, `capacity`, `stats`), the SLA verdict (`objective`) and the
+outcome judged as recorded (`judge`). Defines
 the `ServerLauncher` / `ServerHandle` interface that `cluster` implements."""
 
 from framework.base.exports import lazy_exports

@@ -44,6 +44,7 @@ from framework.trial.objective import per_device
 from framework.trial.objective import surely_broken
 from framework.trial.precision import PrecisionRule
 from framework.trial.precision import stop_reason
+from framework.trial.saturation import OVER_SATURATED
 from framework.trial.saturation import SaturationSettings
 from framework.trial.saturation import SaturationVerdict
 from framework.trial.saturation import SaturationWatch
@@ -133,9 +134,6 @@ class SlaBroken(Exception):
 
 class OverSaturated(SlaBroken):
     """Raised from a finished request's callback: the run's queue grows without bound."""
-
-
-OVER_SATURATED = "over-saturated"  # how the `stopped` text of such a run begins
 
 
 class Measurement:

@@ -30,6 +30,8 @@ from framework.engine.server_metrics import WAITING
 from framework.engine.server_metrics import Sample
 from framework.trial.stats import t975
 
+OVER_SATURATED = "over-saturated"  # how the `stopped` text of such a run begins
+
 
 @dataclass(frozen=True)
 class SaturationSettings:

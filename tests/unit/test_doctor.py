@@ -207,7 +207,7 @@ def test_server_rows():
 
 def test_doctor_plan_is_the_sweeps_load_cut_to_20_requests_without_warmup(tiny_model):
     from framework.config.specs import load_sweep
-    from framework.sweep.loader import load_plan
+    from framework.sweep.trial_load import load_plan
 
     plan = doctor.doctor_plan(load_plan(load_sweep(ROOT / "sweeps" / "quickstart.yaml")))
     assert len(plan.measured) == 20 and list(plan.warmup) == [] and plan.capacity is None

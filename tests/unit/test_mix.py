@@ -242,7 +242,7 @@ def test_repeated_runs_combine_a_class_key_like_its_metric():
 
 def test_the_load_plan_of_a_mix_draws_every_request_set_as_a_mix(tmp_path):
     """Measured, warm-up, capacity steps and repeats: each set a mix of its own seed."""
-    from framework.sweep.loader import load_plan
+    from framework.sweep.trial_load import load_plan
 
     spec = load_sweep(_sweep(tmp_path, workload__num_prompts=20, workload__warmup_requests=10,
                              capacity={"start_rate": 1, "max_steps": 2}))

@@ -38,7 +38,7 @@ from framework.load.sharegpt import exchanges
 from framework.load.sharegpt import read_sharegpt_conversations
 from framework.load.sharegpt import sample_sharegpt_conversations
 from framework.load.sharegpt import system_message
-from framework.sweep.loader import load_plan
+from framework.sweep.trial_load import load_plan
 from tests.helpers import ROOT
 from tests.helpers import TINY_MODEL
 

@@ -29,8 +29,8 @@ from framework.load.workload import load_tokenizer
 from framework.results.probe_rows import stored_reference
 from framework.search.tuner import Proposal
 from framework.sweep.loader import load
-from framework.sweep.loader import load_plan
 from framework.sweep.quality_gate import QualityGate
+from framework.sweep.trial_load import load_plan
 from framework.sweep.trial_plan import plan_trial
 from framework.trial.run import TrialOutcome
 

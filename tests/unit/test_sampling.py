@@ -37,7 +37,7 @@ from framework.load.sampling import sampling_json
 from framework.load.workload import RequestSpec
 from framework.results.provenance import provenance
 from framework.results.provenance import workload_sha256
-from framework.sweep.loader import load_plan
+from framework.sweep.trial_load import load_plan
 from framework.trial.measure import Deadline
 from framework.trial.measure import run_once
 from tests.helpers import CLI

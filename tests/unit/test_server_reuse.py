@@ -17,7 +17,7 @@ from framework.config.specs import SweepSpec
 from framework.load.workload import RequestSpec
 from framework.load.workload import arrival_offsets
 from framework.search.tuner import Tuner
-from framework.sweep.loader import with_run_settings
+from framework.sweep.trial_load import with_run_settings
 from framework.trial.measure import LoadPlan
 
 SPACE = {"max-num-seqs": {"type": "categorical", "choices": [4, 8, 16], "default": 16},

@@ -19,6 +19,7 @@ from framework.load.trace import read_trace
 from framework.load.trace import send_offsets
 from framework.results.rows import request_rows
 from framework.sweep import loader
+from framework.sweep import trial_load
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
 from tests.helpers import ROOT
@@ -62,7 +63,7 @@ def test_workload_keys_of_a_timed_trace(tmp_path: Path, workload: dict[str, Any]
 
 def test_load_plan_replays_the_trace_at_its_speed_up() -> None:
     s = spec(trace_workload(speed_up=2.0), search={"repeats": 2, "screen": 0.2})
-    plan = loader.load_plan(s)
+    plan = trial_load.load_plan(s)
     rows = read_trace(TRACE, TimedTraceSpec(**MS), 30)
     assert len(plan.measured) == 30 and len(plan.warmup) == 4
     assert [r.prompt_len for r in plan.measured] == [
@@ -80,15 +81,15 @@ def test_load_plan_replays_the_trace_at_its_speed_up() -> None:
 
 
 def test_more_prompts_than_rows_sends_the_whole_trace() -> None:
-    plan = loader.load_plan(spec(trace_workload(num_prompts=1000, warmup_requests=0)))
+    plan = trial_load.load_plan(spec(trace_workload(num_prompts=1000, warmup_requests=0)))
     assert len(plan.measured) == len(plan.arrivals) == 150
 
 
 @pytest.mark.parametrize("speed_up", [1, 3, 0.5])
 def test_speed_up_as_a_run_setting_rescales_the_arrivals(speed_up: float) -> None:
     s = spec(trace_workload())
-    plan = loader.load_plan(s)
-    out = loader.with_run_settings(plan, s, {"speed_up": speed_up})
+    plan = trial_load.load_plan(s)
+    out = trial_load.with_run_settings(plan, s, {"speed_up": speed_up})
     assert out.measured == plan.measured and out.trace_offsets == plan.trace_offsets
     assert list(out.arrivals) == pytest.approx([t / speed_up for t in plan.trace_offsets])
 
@@ -131,7 +132,7 @@ def test_a_bad_trace_row_fails_the_plan_naming_its_line(tmp_path: Path) -> None:
     bad.write_text(TRACE.read_text().splitlines()[0] + "\n" +
                    '{"timestamp": 5, "input_length": 10}\n')
     with pytest.raises(ConfigError) as err:
-        loader.load_plan(spec(trace_workload(dataset_path=str(bad))))
+        trial_load.load_plan(spec(trace_workload(dataset_path=str(bad))))
     assert (err.value.file, err.value.key) == (f"{bad}:2", "output_length")
 
 

@@ -16,8 +16,8 @@ from framework.config.specs import load_sweep
 from framework.results.store import ResultStore
 from framework.results.workload_rows import workload_columns
 from framework.results.workload_rows import workload_rows
-from framework.sweep.loader import load_plan
-from framework.sweep.loader import with_run_settings
+from framework.sweep.trial_load import load_plan
+from framework.sweep.trial_load import with_run_settings
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
 from framework.trial.saturation import SaturationSettings
