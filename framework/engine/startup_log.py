@@ -90,24 +90,33 @@ def _epoch(groups: tuple[str | None, ...], year: int, offset: float) -> float:
     return local + (int(ms) / 1000.0 if ms else 0.0) + offset
 
 
-def read_marks(log: str) -> StartupMarks:
-    """The closing lines of the last start in `log` (StartupMarks() without a serve mark)."""
+def _last_start(log: str) -> tuple[float, list[tuple[str, float, str]]] | None:
+    """The last serve mark's epoch and every timestamped line after it as (line, epoch
+    seconds, message); None without a serve mark."""
     lines = log.splitlines()
     start = next((i for i in range(len(lines) - 1, -1, -1) if SERVE_MARK in lines[i]), None)
     mark = _MARK.search(lines[start]) if start is not None else None
     if mark is None:
-        return StartupMarks()
-    epoch = float(mark.group(1))
-    year = int(mark.group(2))
+        return None
+    epoch, year = float(mark.group(1)), int(mark.group(2))
     offset = epoch - _epoch(mark.groups()[1:], year, 0.0)
+    stamped = []
+    for line in lines[start + 1:]:
+        if head := _LINE.search(line):
+            *stamp, message = head.groups()
+            stamped.append((line, _epoch(tuple(stamp), year, offset), message))
+    return epoch, stamped
+
+
+def read_marks(log: str) -> StartupMarks:
+    """The closing lines of the last start in `log` (StartupMarks() without a serve mark)."""
+    start = _last_start(log)
+    if start is None:
+        return StartupMarks()
+    epoch, lines = start
     found: dict[str, float] = {}
     compile_s = 0.0
-    for line in lines[start + 1:]:
-        head = _LINE.search(line)
-        if head is None:
-            continue
-        *stamp, message = head.groups()
-        at = _epoch(tuple(stamp), year, offset)
+    for _, at, message in lines:
         if IMPORTS_END in message:
             found.setdefault("imports_end", at)
         elif message.startswith(WEIGHTS_END):
@@ -121,6 +130,23 @@ def read_marks(log: str) -> StartupMarks:
         if graphs := _GRAPHS.search(message):
             compile_s += float(graphs.group(1))
     return StartupMarks(serve_mark=epoch, compile_s=compile_s, **found)
+
+
+_PROCESS = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) ")
+
+
+def process_starts(log: str) -> dict[str, float]:
+    """Epoch seconds of the first line each vLLM process logged in the last start of `log`,
+    by process name (`engine.vllm_server.LOG_FORMAT`'s prefix, numbered names such as
+    VllmWorker-0 without the number), plus "serve_mark"; {} without a serve mark."""
+    start = _last_start(log)
+    if start is None:
+        return {}
+    found = {"serve_mark": start[0]}
+    for line, at, _ in start[1]:
+        if name := _PROCESS.match(line):
+            found.setdefault(name.group(1), at)
+    return found
 
 
 def phases(marks: StartupMarks, placement_s: float, go_at: float,

@@ -20,6 +20,7 @@ from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.engine.startup_log import StartupMarks
 from framework.engine.startup_log import StartupPhases
 from framework.engine.startup_log import phases
+from framework.engine.startup_log import process_starts
 from framework.engine.startup_log import read_marks
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -136,3 +137,18 @@ def test_the_columns_are_named_after_the_phases_in_order():
     assert [name for name, _ in STARTUP_PHASE_COLUMNS] == [
         "startup_placement_s", "startup_imports_s", "startup_weights_s", "startup_profile_kv_s",
         "startup_compile_s", "startup_api_s"]
+
+
+def test_process_starts_gives_each_process_its_first_line_of_the_last_start():
+    got = process_starts(REAL)
+    base = 1795705730.850 + OFFSET  # the mark's local time in epoch seconds
+    assert got["serve_mark"] == pytest.approx(1795705730.851)
+    assert got["APIServer"] - base == pytest.approx(6.545, abs=1e-6)  # 15:08:57.395
+    assert got["EngineCore"] - base == pytest.approx(25.936, abs=1e-6)  # 15:09:16.786
+    assert got["Worker"] - base == pytest.approx(35.748, abs=1e-6)  # not the older start's
+
+
+def test_process_starts_drops_a_numbered_name_and_needs_a_mark():
+    line = "(VllmWorker-0 pid=7) INFO 2026-01-01 00:16:41.500 [x.py:1] hello\n"
+    assert process_starts(MARK + line) == {"serve_mark": 1000.0, "VllmWorker": 1001.5}
+    assert process_starts(line) == {}
