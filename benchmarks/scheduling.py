@@ -19,7 +19,6 @@ Prints a table per run and the median; appends them to docs/BENCHMARKS.md unless
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
@@ -32,7 +31,7 @@ from record import ROOT
 from record import append_section
 from record import uptime
 
-TEST = "tests/e2e/test_scheduling_scale.py::test_mixed_trials_on_32_fake_gpus"
+TEST = "tests/e2e/test_scheduling_scale.py::test_forty_mixed_trials_on_32_fake_gpus"
 PATTERNS = {
     "per_trial": r"busy fraction while trials were queued: ([\d.]+)% over (\d+) s",
     "any_moment": r"while any trial was queued, each moment counted once: ([\d.]+)% over (\d+) s",
@@ -57,8 +56,7 @@ def parse(out: str) -> dict[str, float]:
 def run_once() -> dict[str, float]:
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                          TEST], cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                         env={**os.environ, "VLLM_SWEEP_SCALE_TRIALS": "40"})
+                          TEST], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     if res.returncode != 0:
         raise SystemExit(f"the scale test failed (exit {res.returncode}):\n{res.stdout[-3000:]}")
     return {**parse(res.stdout), "wall_s": time.monotonic() - t0,

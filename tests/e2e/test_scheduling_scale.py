@@ -1,9 +1,8 @@
-"""Scheduling at scale with fakes: 4 emulated nodes x 8 fake GPUs, 24 trials of mixed TP/PP
-shapes (40 under benchmarks/scheduling.py, which sets $VLLM_SWEEP_SCALE_TRIALS) served by
-FakeEngine (a named stand-in; see framework/engine/fake_engine.py and the engine contract
-tests). Asserted from the per-device occupancy log that FakeEngine's placeholder workers write
-(and the launcher, when it releases a trial's group): no device double-booked, every rank
-inside its own trial's group, all trials end. Prints the busy fraction while trials
+"""Scheduling at scale with fakes: 4 emulated nodes x 8 fake GPUs, 40 trials of mixed TP/PP
+shapes served by FakeEngine (a named stand-in; see framework/engine/fake_engine.py and the engine
+contract tests). Asserted from the per-device occupancy log that FakeEngine's placeholder
+workers write (and the launcher, when it releases a trial's group): no device double-booked,
+every rank inside its own trial's group, all trials end. Prints the busy fraction while trials
 were queued: devices held by placed groups (placement to release, start-up and teardown
 included) over all devices, per waiting trial and at any waiting moment; benchmarks/scheduling.py
 reads those lines (docs/BENCHMARKS.md).
@@ -12,7 +11,6 @@ reads those lines (docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 
 import pytest
@@ -28,8 +26,7 @@ from tests.helpers import run_cli
 pytestmark = pytest.mark.server
 
 
-NODES, GPUS_PER_NODE = 4, 8
-TRIALS = int(os.environ.get("VLLM_SWEEP_SCALE_TRIALS", "24"))
+NODES, GPUS_PER_NODE, TRIALS = 4, 8, 40
 
 
 @pytest.fixture
@@ -69,7 +66,7 @@ def busy_fraction_while_queued(intervals: list[tuple[float, float]], queued: lis
 
 
 @pytest.mark.timeout(900)
-def test_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
+def test_forty_mixed_trials_on_32_fake_gpus(tiny_model, short_tmp, gpu_cluster):
     address, marker = gpu_cluster
     occupancy = short_tmp / "occupancy.jsonl"
     space = short_tmp / "space.yaml"
