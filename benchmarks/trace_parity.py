@@ -20,8 +20,9 @@ from its histogram deltas (server_histograms), its prefix-cache hits / queries d
 send lateness of every request: (start_i - start_0) - (due_i - due_0), where start is the
 client's own send stamp (--save-detailed start_times) and due the trace's schedule
 (framework.load.trace.send_offsets, vLLM's self-timed rule). Request 0 is taken as on time:
-neither JSON holds the run's start. Also per run: the client's whole-process CPU seconds and
-its client-side TTFT overhead, its median TTFT minus the server's, and the split of its TTFT
+neither JSON holds the run's start. Also per run: the client's whole-process CPU seconds, its
+CPU seconds in the benchmark phase (as loadgen_parity.py takes them), its client-side TTFT
+overhead, its median TTFT minus the server's, and the split of its TTFT
 by parity.py's transport probe (patched into both clients alike: the POST's bytes handed to
 the socket, the first content bytes reaching data_received): send lead (the client's start
 stamp -> bytes written), wire (-> first content bytes read: server, kernel, the process's
@@ -127,10 +128,14 @@ def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, r
                 *workload(args, speed_up), "--seed", str(run), "--result-json", str(out)]
     hits0, queries0 = prefix_counters(url)
     before = scrape(url)
-    _, cpu_s = run_timed(argv, nice=args.client_nice, cpus=CLIENT_CPUS if args.pin else None)
+    stdout, cpu_s = run_timed(argv, nice=args.client_nice,
+                              cpus=CLIENT_CPUS if args.pin else None)
     after = scrape(url)
     hits1, queries1 = prefix_counters(url)
     result = json.loads(out.read_text())
+    phase_cpu_s = (next(float(line.split("=", 1)[1]) for line in stdout.splitlines()
+                        if line.startswith("BENCHMARK_PHASE_CPU_S=")) if name == CLIENTS[0]
+                   else result["benchmark_phase_cpu_s"])
     rows = read_trace(args.trace, TimedTraceSpec(sec_multiplier=TRACE_MS / speed_up),
                       args.num_prompts)
     late = lateness_ms(result["start_times"], send_offsets(rows))
@@ -142,7 +147,7 @@ def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, r
             "server_median_ttft_ms": server["median_ttft_ms"],
             "server_median_tpot_ms": server["median_tpot_ms"],
             "ttft_overhead_ms": result["median_ttft_ms"] - server["median_ttft_ms"],
-            "client_cpu_s": cpu_s,
+            "client_cpu_s": cpu_s, "phase_cpu_s": phase_cpu_s,
             **decompose(result["start_times"], result["ttfts"],
                         json.loads(probe_out.read_text())),
             "hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
@@ -162,7 +167,8 @@ def speed_table(rows: list[dict[str, Any]]) -> list[str]:
                                ("server_median_ttft_ms", "server's median TTFT ms", 2),
                                ("server_median_tpot_ms", "server's median TPOT ms", 2),
                                ("ttft_overhead_ms", "client's median TTFT - server's, ms", 2),
-                               ("client_cpu_s", "client process CPU s", 2),
+                               ("client_cpu_s", "client process CPU s (start-up included)", 2),
+                               ("phase_cpu_s", "client CPU s in the benchmark phase", 2),
                                ("send_lead_ms", "TTFT split, mean: send lead ms", 2),
                                ("wire_ms", "TTFT split, mean: wire ms", 2),
                                ("receive_lag_ms", "TTFT split, mean: receive lag ms", 2),
