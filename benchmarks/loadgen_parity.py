@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC
 from datetime import datetime
 from pathlib import Path
@@ -85,11 +86,14 @@ main()
 class VllmServer:
     """`vllm serve MODEL --enforce-eager --max-model-len 1024 [extra]` on a free local port, in
     its own session; a context manager that waits for /health and always stops the server.
-    `eager=False` drops --enforce-eager (torch.compile runs); `env` overrides SERVER_ENV."""
+    `eager=False` drops --enforce-eager (torch.compile runs); `env` overrides SERVER_ENV;
+    `cpus`: the CPUs the server and every process and thread it starts may run on (its
+    affinity, inherited; vLLM's CPU backend binds its OpenMP threads within it)."""
 
     def __init__(self, model: Path, log_path: Path, extra_args: tuple[str, ...] = (),
                  startup_timeout_s: float = 300.0, eager: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 cpus: frozenset[int] | None = None) -> None:
         self.port = pick_port("127.0.0.1", [])
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.argv = [str(BIN / "vllm"), "serve", str(model), *(["--enforce-eager"] * eager),
@@ -98,11 +102,13 @@ class VllmServer:
         self.env = {**os.environ, **SERVER_ENV, **(env or {})}
         self.log_path, self.startup_timeout_s = log_path, startup_timeout_s
         self.proc: subprocess.Popen | None = None
+        self.cpus = cpus
 
     def __enter__(self) -> VllmServer:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=placement(None, self.cpus))
         log.close()
         try:
             self._wait_ready()
@@ -156,19 +162,30 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_timed(argv: list[str], timeout_s: float = 600.0,
-              nice: int | None = None) -> tuple[str, float]:
-    """Run a client to completion; its stdout and its whole-process CPU seconds. `nice`: the
-    client's absolute niceness (e.g. -10: ahead of the server it shares the cores with, as a
-    client on its own machine would be)."""
-    before = children_cpu_s()
+def placement(nice: int | None, cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A child's preexec_fn setting its absolute niceness and its CPU affinity (each only if
+    given; None if neither is)."""
+    if nice is None and cpus is None:
+        return None
 
-    def _priority() -> None:
+    def _place() -> None:
         if nice is not None:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
 
+    return _place
+
+
+def run_timed(argv: list[str], timeout_s: float = 600.0, nice: int | None = None,
+              cpus: frozenset[int] | None = None) -> tuple[str, float]:
+    """Run a client to completion; its stdout and its whole-process CPU seconds. `nice`: the
+    client's absolute niceness (e.g. -10: ahead of the server it shares the cores with, as a
+    client on its own machine would be); `cpus`: its CPU affinity (e.g. a core the server
+    may not use)."""
+    before = children_cpu_s()
     proc = subprocess.run(argv, env={**os.environ, **SERVER_ENV}, capture_output=True,
-                          text=True, timeout=timeout_s, cwd=ROOT, preexec_fn=_priority)
+                          text=True, timeout=timeout_s, cwd=ROOT, preexec_fn=placement(nice, cpus))
     cpu = children_cpu_s() - before
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[:3]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"

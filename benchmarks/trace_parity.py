@@ -3,6 +3,7 @@ bench --dataset-name timed_trace` on ONE vLLM CPU server and the same trace file
 
     .venv/bin/python benchmarks/trace_parity.py [--runs 3] [--speed-ups 1,3]
         [--trace datasets/mooncake_sample.jsonl] [--num-prompts 150] [--no-doc] [--client-nice N]
+        [--pin]
 
 One `vllm serve models/tiny-llama --enforce-eager --max-model-len 1024` with fine histogram
 buckets (loadgen_parity.VllmServer, stopped in a finally), warmed up by 30 requests. Per
@@ -19,13 +20,28 @@ from its histogram deltas (server_histograms), its prefix-cache hits / queries d
 send lateness of every request: (start_i - start_0) - (due_i - due_0), where start is the
 client's own send stamp (--save-detailed start_times) and due the trace's schedule
 (framework.load.trace.send_offsets, vLLM's self-timed rule). Request 0 is taken as on time:
-neither JSON holds the run's start. Appends the tables to docs/BENCHMARKS.md.
+neither JSON holds the run's start. Also per run: the client's whole-process CPU seconds, its
+CPU seconds in the benchmark phase (as loadgen_parity.py takes them), its client-side TTFT
+overhead, its median TTFT minus the server's, and the split of its TTFT
+by parity.py's transport probe (patched into both clients alike: the POST's bytes handed to
+the socket, the first content bytes reaching data_received): send lead (the client's start
+stamp -> bytes written), wire (-> first content bytes read: server, kernel, the process's
+wake-up) and receive lag (-> the client's first-token stamp), means over the matched
+requests. Appends the tables to docs/BENCHMARKS.md.
+
+--pin separates client and server on this 2-core machine: the server (API server, engine
+core, worker: the affinity is inherited) may run only on CPU 0, every client (the warm-up
+too) only on CPU 1, as a client on a machine of its own would. Both clients get the same
+treatment. TTFT is defined alike by both clients (checked against vLLM's
+benchmarks/lib/endpoint_request_func.py): from just before the request is serialized and
+sent to the first SSE message with non-empty `choices`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -37,9 +53,11 @@ from typing import Any
 
 try:
     from loadgen_parity import MODEL
-    from loadgen_parity import VLLM_BENCH_TIMED
     from loadgen_parity import VllmServer
     from loadgen_parity import run_timed
+    from parity import OURS_ENTRY
+    from parity import VLLM_ENTRY
+    from parity import decompose
     from parity import med
     from parity import pct
     from parity import spread
@@ -48,9 +66,11 @@ try:
     from record import uptime
 except ModuleNotFoundError:  # imported as benchmarks.trace_parity
     from benchmarks.loadgen_parity import MODEL
-    from benchmarks.loadgen_parity import VLLM_BENCH_TIMED
     from benchmarks.loadgen_parity import VllmServer
     from benchmarks.loadgen_parity import run_timed
+    from benchmarks.parity import OURS_ENTRY
+    from benchmarks.parity import VLLM_ENTRY
+    from benchmarks.parity import decompose
     from benchmarks.parity import med
     from benchmarks.parity import pct
     from benchmarks.parity import spread
@@ -69,6 +89,7 @@ from framework.load.trace import read_trace
 from framework.load.trace import send_offsets
 
 CLIENTS = ("vllm bench serve", "vllm-sweep bench")
+SERVER_CPUS, CLIENT_CPUS = frozenset({0}), frozenset({1})
 TRACE = ROOT / "datasets" / "mooncake_sample.jsonl"
 TRACE_MS = 0.001  # the sample's timestamps are milliseconds
 
@@ -96,19 +117,25 @@ def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, r
     """One replay by one client: its JSON's counts and medians, the server's, the lateness.
     `run` is unique over the whole benchmark: it is our --seed, and a seed reused at another
     speed-up would replay cached blocks and inflate our prefix-cache hits."""
+    probe_out = out.with_suffix(".probe.json")
+    os.environ["PARITY_PROBE_OUT"] = str(probe_out)  # read by the probe in the client
     if name == CLIENTS[0]:
-        argv = [sys.executable, "-c", VLLM_BENCH_TIMED, "--backend", "openai", "--base-url", url,
+        argv = [sys.executable, "-c", VLLM_ENTRY, "--backend", "openai", "--base-url", url,
                 *workload(args, speed_up), "--save-result", "--result-dir", str(out.parent),
                 "--result-filename", out.name, "--disable-tqdm"]
     else:
-        argv = [sys.executable, "-m", "framework.cli", "bench", "--base-url", url,
+        argv = [sys.executable, "-c", OURS_ENTRY, "--base-url", url,
                 *workload(args, speed_up), "--seed", str(run), "--result-json", str(out)]
     hits0, queries0 = prefix_counters(url)
     before = scrape(url)
-    run_timed(argv, nice=args.client_nice)
+    stdout, cpu_s = run_timed(argv, nice=args.client_nice,
+                              cpus=CLIENT_CPUS if args.pin else None)
     after = scrape(url)
     hits1, queries1 = prefix_counters(url)
     result = json.loads(out.read_text())
+    phase_cpu_s = (next(float(line.split("=", 1)[1]) for line in stdout.splitlines()
+                        if line.startswith("BENCHMARK_PHASE_CPU_S=")) if name == CLIENTS[0]
+                   else result["benchmark_phase_cpu_s"])
     rows = read_trace(args.trace, TimedTraceSpec(sec_multiplier=TRACE_MS / speed_up),
                       args.num_prompts)
     late = lateness_ms(result["start_times"], send_offsets(rows))
@@ -119,6 +146,10 @@ def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, r
             "median_ttft_ms": result["median_ttft_ms"], "median_tpot_ms": result["median_tpot_ms"],
             "server_median_ttft_ms": server["median_ttft_ms"],
             "server_median_tpot_ms": server["median_tpot_ms"],
+            "ttft_overhead_ms": result["median_ttft_ms"] - server["median_ttft_ms"],
+            "client_cpu_s": cpu_s, "phase_cpu_s": phase_cpu_s,
+            **decompose(result["start_times"], result["ttfts"],
+                        json.loads(probe_out.read_text())),
             "hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
             "late_p50_ms": statistics.median(abs(x) for x in late),
             "late_max_ms": max(abs(x) for x in late), "duration": result["duration"]}
@@ -135,6 +166,13 @@ def speed_table(rows: list[dict[str, Any]]) -> list[str]:
                                ("median_tpot_ms", "median TPOT ms", 2),
                                ("server_median_ttft_ms", "server's median TTFT ms", 2),
                                ("server_median_tpot_ms", "server's median TPOT ms", 2),
+                               ("ttft_overhead_ms", "client's median TTFT - server's, ms", 2),
+                               ("client_cpu_s", "client process CPU s (start-up included)", 2),
+                               ("phase_cpu_s", "client CPU s in the benchmark phase", 2),
+                               ("send_lead_ms", "TTFT split, mean: send lead ms", 2),
+                               ("wire_ms", "TTFT split, mean: wire ms", 2),
+                               ("receive_lag_ms", "TTFT split, mean: receive lag ms", 2),
+                               ("matched", "TTFT split: share of requests matched", 3),
                                ("hit_rate", "prefix-cache hit rate (server)", 3),
                                ("late_p50_ms", "send lateness, median ms", 2),
                                ("late_max_ms", "send lateness, max ms", 2),
@@ -154,10 +192,13 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"- {speed:g}x, requests and total input / output tokens identical in every "
                    f"run of both clients (and every request's input length): "
                    f"{'met' if len(same) == 1 else 'MISSED'}")
-        for key, label in (("median_ttft_ms", "median TTFT"), ("median_tpot_ms", "median TPOT")):
+        for key, label, target in (("median_ttft_ms", "median TTFT", True),
+                                   ("median_tpot_ms", "median TPOT", True),
+                                   ("server_median_ttft_ms", "server's median TTFT", False)):
             diff = (med(o, key) - med(v, key)) / med(v, key)
-            out.append(f"- {speed:g}x, {label}: ours {100 * diff:+.1f}% vs vllm bench (target "
-                       f"within 10%): {'met' if abs(diff) <= 0.10 else 'MISSED'}")
+            verdict = (f" (target within 10%): {'met' if abs(diff) <= 0.10 else 'MISSED'}"
+                       if target else " (the server under each client; no target)")
+            out.append(f"- {speed:g}x, {label}: ours {100 * diff:+.1f}% vs vllm bench{verdict}")
         worst = {c: max(r["late_max_ms"] for r in rs) for c, rs in zip(CLIENTS, (v, o))}
         out.append(f"- {speed:g}x, every request sent within 50 ms of the trace's schedule: "
                    + "; ".join(f"{c} worst {w:.1f} ms: {'met' if w <= 50 else 'MISSED'}"
@@ -176,6 +217,8 @@ def main() -> int:
     parser.add_argument("--client-nice", type=int, default=None,
                         help="both clients' niceness (e.g. -10: ahead of the server on the "
                              "shared cores, as on a client machine of their own)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the server on CPU 0 only, every client on CPU 1 only")
     args = parser.parse_args()
     speeds = [float(s) for s in args.speed_ups.split(",")]
     command = "benchmarks/trace_parity.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -183,12 +226,14 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="trace-parity-") as tmp:
         out = Path(tmp)
-        with VllmServer(MODEL, out / "server.log", tuple(fine_buckets_flag())) as server:
+        with VllmServer(MODEL, out / "server.log", tuple(fine_buckets_flag()),
+                        cpus=SERVER_CPUS if args.pin else None) as server:
             print(f"server ready at {server.base_url} (pid {server.pid}); warming up", flush=True)
             run_timed([sys.executable, "-m", "framework.cli", "bench", "--base-url",
                        server.base_url, "--model", str(MODEL), "--num-prompts", "30",
                        "--random-input-len", "256", "--random-output-len", "32",
-                       "--max-concurrency", "8", "--seed", "999"])
+                       "--max-concurrency", "8", "--seed", "999"],
+                      cpus=CLIENT_CPUS if args.pin else None)
             for speed in speeds:
                 for i in range(args.runs):
                     for name in (CLIENTS if i % 2 == 0 else CLIENTS[::-1]):
@@ -211,7 +256,10 @@ def main() -> int:
         "speed-up), --temperature 0; ours with --seed <run>). One `vllm serve models/tiny-llama "
         "--enforce-eager --max-model-len 1024 --custom-histogram-buckets <fine>`. Cells: median "
         "over runs [min-max] of each run's value. Send lateness: (start_i - start_0) - "
-        "(due_i - due_0) from the clients' own send stamps.\n\nMachine load: before "
+        "(due_i - due_0) from the clients' own send stamps. "
+        + ("Pinned: the server (all its processes) on CPU 0 only, each client on CPU 1 only."
+           if args.pin else "Not pinned: server and clients share both CPUs.")
+        + "\n\nMachine load: before "
         f"`{load_before}`; after `{uptime()}`.")
     section = []
     for speed in speeds:
