@@ -253,7 +253,9 @@ def main() -> int:
             f"Command: `.venv/bin/python {command.strip()}` (no vLLM server: each client under "
             f"`nice -n 19` against a recording stub on 127.0.0.1; trace_parity.py's flags at 1x, "
             f"ours with --seed 0; the first {args.num_prompts} rows of "
-            f"`{args.trace.name}`). Machine load: before `{before}`; after `{uptime()}`."),
+            f"`{args.trace.name}`). Arrival order, connections and lateness are as the stub "
+            f"saw them from niced clients on a shared machine: not a lateness measurement "
+            f"(trace_parity.py's is). Machine load: before `{before}`; after `{uptime()}`."),
             "\n".join(lines))
     return 0
 
