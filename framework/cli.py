@@ -381,7 +381,7 @@ def parser() -> argparse.ArgumentParser:
                         "side by side; the cheapest way to serve the target within the SLA")
     deploy_cli.add_compare_args(cp)
     cp.set_defaults(fn=deploy_cli.cmd_compare)
-    from framework.load.bench import add_cli_args as add_bench_args  # imports only the stdlib
+    from framework.load.bench_args import add_cli_args as add_bench_args  # no vLLM, no transformers
 
     be = sub.add_parser("bench", help="benchmark one OpenAI-compatible server like "
                         "`vllm bench serve` (same flags, same JSON keys)")

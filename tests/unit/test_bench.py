@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 
 from framework.base.errors import ConfigError
-from framework.load.bench import add_cli_args
-from framework.load.bench import parse_goodput
-from framework.load.bench import parse_percentile_metrics
-from framework.load.bench import parse_percentiles
 from framework.load.bench import per_request_lists
-from framework.load.bench import resolve_endpoint
 from framework.load.bench import result_json
 from framework.load.bench import result_path
 from framework.load.bench import summary_lines
+from framework.load.bench_args import add_cli_args
+from framework.load.bench_args import parse_goodput
+from framework.load.bench_args import parse_percentile_metrics
+from framework.load.bench_args import parse_percentiles
+from framework.load.bench_args import resolve_endpoint
 from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
 from framework.load.metrics import compute_metrics

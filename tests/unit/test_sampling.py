@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from framework.base.errors import ConfigError
 from framework.config.sampling_spec import SamplingSpec
 from framework.config.specs import SweepSpec
-from framework.load.bench import add_cli_args
+from framework.load.bench_args import add_cli_args
 from framework.load.loadgen import run_load
 from framework.load.sampling import GREEDY
 from framework.load.sampling import SAMPLING_FLAGS

@@ -311,7 +311,7 @@ def test_same_trace_same_lengths_times_and_reuse_as_vllms_timed_trace(tmp_path: 
 def test_bench_takes_vllms_timed_trace_flags_and_defaults() -> None:
     import argparse
 
-    from framework.load.bench import add_cli_args
+    from framework.load.bench_args import add_cli_args
 
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
