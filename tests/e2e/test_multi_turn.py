@@ -1,7 +1,8 @@
-"""dataset multi_turn on real parts: sessions against one vLLM CPU server (turn k's prompt, as the
-server counted it, is turn k-1's prompt + the server's answer + the new message; the prefix
-cache hits it), and the example sweep sweeps/multi_turn_chat.yaml run by the CLI on a private
-Ray, its trial and request rows read back with DuckDB."""
+"""dataset multi_turn on real parts: sessions against the session's shared vLLM CPU server
+(tests/e2e/conftest.py; turn k's prompt, as the server counted it, is turn k-1's prompt + the
+server's answer + the new message; the prefix cache hits it), and the example sweep
+sweeps/multi_turn_chat.yaml run by the CLI on a private Ray, its trial and request rows read
+back with DuckDB."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from benchmarks.loadgen_parity import VllmServer
 from framework.config.multi_turn_spec import DistributionSpec
 from framework.config.multi_turn_spec import MultiTurnSpec
 from framework.engine.server_metrics import PREFIX_HITS
@@ -25,6 +25,7 @@ from framework.load.http_client import get_sync
 from framework.load.prompts import load_tokenizer
 from framework.load.sessions import run_sessions
 from tests.helpers import ROOT
+from tests.helpers import SharedServer
 from tests.helpers import cli_env
 from tests.helpers import new_marker
 from tests.helpers import run_cli
@@ -38,7 +39,8 @@ def prefix_hits(base_url: str) -> float:
 
 
 @pytest.mark.timeout(300)
-def test_turn_k_prompt_is_turn_k_minus_1_prompt_and_answer_on_vllm(tiny_model, tmp_path):
+def test_turn_k_prompt_is_turn_k_minus_1_prompt_and_answer_on_vllm(vllm_server: SharedServer):
+    tiny_model = vllm_server.model
     spec = MultiTurnSpec(turns=DistributionSpec(distribution="constant", value=3),
                          prompt_tokens=DistributionSpec(distribution="uniform", min=100, max=160),
                          output_tokens=DistributionSpec(distribution="constant", value=24),
@@ -46,45 +48,46 @@ def test_turn_k_prompt_is_turn_k_minus_1_prompt_and_answer_on_vllm(tiny_model, t
     tokenizer = load_tokenizer(tiny_model)
     sessions = synthetic_sessions(tokenizer, spec, 4, seed=11)
     template = AutoTokenizer.from_pretrained(str(tiny_model))
-    with VllmServer(tiny_model, tmp_path / "server.log", startup_timeout_s=240) as server:
-        for endpoint in ("chat", "completions"):
-            hits_before = prefix_hits(server.base_url)
-            result = asyncio.run(run_sessions(server.base_url, str(tiny_model), sessions,
-                                              endpoint=endpoint, max_concurrency=4,
-                                              fields={"temperature": 0}))
-            hits = prefix_hits(server.base_url) - hits_before
-            assert result.not_sent == 0 and len(result.records) == 12
-            assert all(r.success for r in result.records), [r.error for r in result.records]
-            for i, session in enumerate(sessions):
-                turns = [r for r in result.records if r.session_id == i]
-                assert [r.turn for r in turns] == [0, 1, 2]
-                answers = [r.text for r in turns]
-                assert all(answers)  # the server's own text, streamed
-                for k, record in enumerate(turns):
-                    # the prompt the server counted is exactly the conversation so far
-                    if endpoint == "chat":
-                        messages = chat_messages(session, k, answers[:k])
-                        text = template.apply_chat_template(
-                            messages, add_generation_prompt=True, tokenize=False)
-                        expected = len(tokenizer.encode(text, add_special_tokens=False).ids)
-                        if k:
-                            assert messages[:-1] == [*chat_messages(session, k - 1,
-                                                                    answers[:k - 1]),
-                                                     {"role": "assistant",
-                                                      "content": answers[k - 1]}]
-                    else:
-                        prompt = transcript(session, k, answers[:k])
-                        expected = len(tokenizer.encode(prompt).ids)
-                        if k:
-                            previous = transcript(session, k - 1, answers[:k - 1])
-                            assert prompt.startswith(f"{previous} {answers[k - 1]} ")
-                    assert record.prompt_tokens == expected, (endpoint, i, k)
-                    assert record.output_tokens == 24
+    server = vllm_server
+    for endpoint in ("chat", "completions"):
+        hits_before = prefix_hits(server.base_url)
+        result = asyncio.run(run_sessions(server.base_url, str(tiny_model), sessions,
+                                          endpoint=endpoint, max_concurrency=4,
+                                          fields={"temperature": 0},
+                                          api_key=server.api_key))
+        hits = prefix_hits(server.base_url) - hits_before
+        assert result.not_sent == 0 and len(result.records) == 12
+        assert all(r.success for r in result.records), [r.error for r in result.records]
+        for i, session in enumerate(sessions):
+            turns = [r for r in result.records if r.session_id == i]
+            assert [r.turn for r in turns] == [0, 1, 2]
+            answers = [r.text for r in turns]
+            assert all(answers)  # the server's own text, streamed
+            for k, record in enumerate(turns):
+                # the prompt the server counted is exactly the conversation so far
+                if endpoint == "chat":
+                    messages = chat_messages(session, k, answers[:k])
+                    text = template.apply_chat_template(
+                        messages, add_generation_prompt=True, tokenize=False)
+                    expected = len(tokenizer.encode(text, add_special_tokens=False).ids)
                     if k:
-                        assert record.prompt_tokens > turns[k - 1].prompt_tokens + 24
-            # turns 1 and 2 resend what the server has cached: their prefix hits it (CPU
-            # blocks are 128 tokens, vllm/platforms/cpu.py; turn 2 resends 300+ tokens)
-            assert hits > 0, endpoint
+                        assert messages[:-1] == [*chat_messages(session, k - 1,
+                                                                answers[:k - 1]),
+                                                 {"role": "assistant",
+                                                  "content": answers[k - 1]}]
+                else:
+                    prompt = transcript(session, k, answers[:k])
+                    expected = len(tokenizer.encode(prompt).ids)
+                    if k:
+                        previous = transcript(session, k - 1, answers[:k - 1])
+                        assert prompt.startswith(f"{previous} {answers[k - 1]} ")
+                assert record.prompt_tokens == expected, (endpoint, i, k)
+                assert record.output_tokens == 24
+                if k:
+                    assert record.prompt_tokens > turns[k - 1].prompt_tokens + 24
+        # turns 1 and 2 resend what the server has cached: their prefix hits it (CPU
+        # blocks are 128 tokens, vllm/platforms/cpu.py; turn 2 resends 300+ tokens)
+        assert hits > 0, endpoint
 
 
 @pytest.mark.timeout(600)
