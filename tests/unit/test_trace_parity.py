@@ -1,5 +1,6 @@
-"""benchmarks/trace_parity.py's verdicts (pure) and loadgen_parity.placement, the preexec_fn
-that pins a client or server to CPUs for `--pin`."""
+"""benchmarks/trace_parity.py's verdicts, run order and pooling, trace_parity_aa's pair
+differences (pure), and loadgen_parity.placement, the preexec_fn that pins a client or
+server to CPUs for `--pin`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from benchmarks.trace_parity import pooled_median_ms
 from benchmarks.trace_parity import request_tpots_ms
 from benchmarks.trace_parity import run_order
 from benchmarks.trace_parity import verdicts
+from benchmarks.trace_parity_aa import pair_diffs
 
 
 def row(client: str, ttft: float, tpot: float, server_ttft: float, late: float) -> dict:
@@ -108,3 +110,8 @@ def test_pooled_median_sums_the_runs_buckets() -> None:
     # 4 pooled: rank 2 falls in the first bucket at 2/3 of its width
     assert round(pooled_median_ms([run_a, run_b]), 6) == round(1000 * 0.01 * 2 / 3, 6)
     assert round(pooled_median_ms([run_b]), 6) == 15.0
+
+
+def test_aa_pair_diffs_compare_each_second_run_with_its_first() -> None:
+    rows = [{"k": 2.0}, {"k": 3.0}, {"k": 4.0}, {"k": 2.0}, {"k": 9.0}]  # the odd run is unpaired
+    assert pair_diffs(rows, "k") == [50.0, -50.0]
