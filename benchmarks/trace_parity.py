@@ -3,13 +3,17 @@ bench --dataset-name timed_trace` on ONE vLLM CPU server and the same trace file
 
     .venv/bin/python benchmarks/trace_parity.py [--runs 3] [--speed-ups 1,3]
         [--trace datasets/mooncake_sample.jsonl] [--num-prompts 150] [--no-doc] [--client-nice N]
-        [--pin]
+        [--pin] [--order alternate|random] [--order-seed N]
 
 One `vllm serve models/tiny-llama --enforce-eager --max-model-len 1024` with fine histogram
 buckets (loadgen_parity.VllmServer, stopped in a finally), warmed up by 30 requests. Per
 speed-up s (the trace's timestamps in ms, so --timed-trace-sec-multiplier 0.001 / s for both
-clients: vllm bench has no speed-up flag) the two clients alternate `--runs` times each (the
-first of each pair alternates too; parity.py's scheme), both with --temperature 0,
+clients: vllm bench has no speed-up flag) the two clients run `--runs` pairs, one run each per
+pair. Which goes first in a pair: `--order alternate` (default; parity.py's scheme, pair i
+starts with vllm bench when i is even), or `--order random`: a seeded shuffle
+(`--order-seed`) of an equal number of pairs in each order (the odd pair's order drawn too),
+per speed-up, so that a slot effect does not line up with one client. Every run's slot (its
+place among the speed-up's runs, 1-based) is printed and kept. Both with --temperature 0,
 --save-detailed and the default chunk hash size 16. vllm bench salts its token blocks per
 process (Python's hash()); ours get --seed <the run's number over all speed-ups> so that no
 run replays an earlier run's tokens into the server's prefix cache either.
@@ -27,7 +31,11 @@ by parity.py's transport probe (patched into both clients alike: the POST's byte
 the socket, the first content bytes reaching data_received): send lead (the client's start
 stamp -> bytes written), wire (-> first content bytes read: server, kernel, the process's
 wake-up) and receive lag (-> the client's first-token stamp), means over the matched
-requests. Appends the tables to docs/BENCHMARKS.md.
+requests. Besides each table's median over runs [min-max], the pooled medians: every
+request of every run of a client at a speed-up pooled (client TTFT and TPOT per request, TPOT
+= sum of its ITLs / (output tokens - 1) as vLLM's; the server's from its histogram deltas
+summed over the runs), and the server's median TPOT by client and by place in the pair.
+Appends the tables to docs/BENCHMARKS.md.
 
 --pin separates client and server on this 2-core machine: the server (API server, engine
 core, worker: the affinity is inherited) may run only on CPU 0, every client (the warm-up
@@ -42,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -78,6 +87,9 @@ except ModuleNotFoundError:  # imported as benchmarks.trace_parity
     from benchmarks.record import append_section
     from benchmarks.record import uptime
 from framework.config.trace_spec import TimedTraceSpec
+from framework.engine.server_histograms import TPOT
+from framework.engine.server_histograms import TTFT
+from framework.engine.server_histograms import Histogram
 from framework.engine.server_histograms import fine_buckets_flag
 from framework.engine.server_histograms import run_summary
 from framework.engine.server_histograms import scrape
@@ -100,6 +112,40 @@ def workload(args: argparse.Namespace, speed_up: float) -> list[str]:
             "--num-prompts", str(args.num_prompts), "--temperature", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-detailed"]
+
+
+def run_order(order: str, runs: int, rng: random.Random) -> list[tuple[str, str]]:
+    """The clients of each of `runs` pairs in run order. `alternate`: pair i starts with
+    vllm bench when i is even. `random`: runs // 2 pairs in each order, shuffled by `rng`,
+    and an odd pair's order drawn by `rng` too; either way every client runs once per pair."""
+    if order == "alternate":
+        return [CLIENTS if i % 2 == 0 else CLIENTS[::-1] for i in range(runs)]
+    if order != "random":
+        raise ValueError(f"unknown order {order!r}")
+    pairs = [CLIENTS, CLIENTS[::-1]] * (runs // 2)
+    if runs % 2:
+        pairs.append(rng.choice([CLIENTS, CLIENTS[::-1]]))
+    rng.shuffle(pairs)
+    return pairs
+
+
+def request_tpots_ms(output_lens: list[int], itls: list[list[float]]) -> list[float]:
+    """Per request with more than one output token: sum of its ITLs / (tokens - 1), in ms
+    (vLLM's TPOT: last content chunk - first, over the usage token count - 1)."""
+    return [1000 * sum(gaps) / (n - 1) for n, gaps in zip(output_lens, itls) if n > 1]
+
+
+def delta_histogram(before: dict[str, Histogram], after: dict[str, Histogram], name: str
+                    ) -> list[list[float]]:
+    """The run's delta of one server histogram as [[le, cumulative count], ...] (JSON-able)."""
+    return [[le, n] for le, n in after[name].minus(before[name]).buckets]
+
+
+def pooled_median_ms(hists: list[list[list[float]]]) -> float:
+    """The median of several runs' histogram deltas summed (ms, interpolated as run_summary)."""
+    total = [[le, sum(h[i][1] for h in hists)] for i, (le, _) in enumerate(hists[0])]
+    q = Histogram(tuple((le, n) for le, n in total), 0.0, total[-1][1]).quantile(0.5)
+    return 1000 * q if q is not None else float("nan")
 
 
 def lateness_ms(starts: list[float], due: list[float]) -> list[float]:
@@ -140,7 +186,11 @@ def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, r
                       args.num_prompts)
     late = lateness_ms(result["start_times"], send_offsets(rows))
     server = run_summary(before, after)
-    return {"client": name, "speed_up": speed_up, "completed": result["completed"],
+    return {"client": name, "speed_up": speed_up,
+            "ttfts_ms": [1000 * t for t, ok in zip(result["ttfts"], result["output_lens"]) if ok],
+            "tpots_ms": request_tpots_ms(result["output_lens"], result["itls"]),
+            "server_ttft_hist": delta_histogram(before, after, TTFT),
+            "server_tpot_hist": delta_histogram(before, after, TPOT), "completed": result["completed"],
             "failed": result["failed"], "input_tokens": result["total_input_tokens"],
             "output_tokens": result["total_output_tokens"], "input_lens": result["input_lens"],
             "median_ttft_ms": result["median_ttft_ms"], "median_tpot_ms": result["median_tpot_ms"],
@@ -182,6 +232,50 @@ def speed_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def pooled_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One speed-up's medians over every request of every run of each client pooled, with the
+    10% target for the clients' own."""
+    v = [r for r in rows if r["client"] == CLIENTS[0]]
+    o = [r for r in rows if r["client"] == CLIENTS[1]]
+    lines = ["| pooled over runs | vllm bench serve | vllm-sweep bench | ours vs vllm | "
+             "within 10% |", "| --- | ---: | ---: | ---: | --- |"]
+    for label, of in (("client's median TTFT ms", lambda rs: statistics.median(
+                           x for r in rs for x in r["ttfts_ms"])),
+                      ("client's median TPOT ms", lambda rs: statistics.median(
+                           x for r in rs for x in r["tpots_ms"])),
+                      ("server's median TTFT ms", lambda rs: pooled_median_ms(
+                           [r["server_ttft_hist"] for r in rs])),
+                      ("server's median TPOT ms", lambda rs: pooled_median_ms(
+                           [r["server_tpot_hist"] for r in rs]))):
+        a, b = of(v), of(o)
+        target = (("met" if abs(b - a) <= 0.10 * a else "MISSED") if label.startswith("client")
+                  else "(no target)")
+        lines.append(f"| {label} | {a:.2f} | {b:.2f} | {pct(b, a)} | {target} |")
+    return lines
+
+
+def slot_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One speed-up's server medians by client and by place in the pair (does a gap follow
+    the client or the slot?), and each pair's server TPOT, ours vs vllm bench's."""
+    lines = ["| server's median, per run | client first in pair | client second in pair |",
+             "| --- | --- | --- |"]
+    for key, label in (("server_median_tpot_ms", "TPOT ms"),
+                       ("server_median_ttft_ms", "TTFT ms")):
+        for client in CLIENTS:
+            cells = []
+            for first in (True, False):
+                rs = [r for r in rows if r["client"] == client and r["first"] == first]
+                cells.append(f"{spread(rs, key, 2)} (n={len(rs)})" if rs else "-")
+            lines.append(f"| {label}, {client} | {cells[0]} | {cells[1]} |")
+    pairs = []
+    for pair in sorted({r["pair"] for r in rows}):
+        v, o = (next(r for r in rows if r["pair"] == pair and r["client"] == c) for c in CLIENTS)
+        pairs.append(f"{'ours' if o['first'] else 'vllm'} first "
+                     f"{pct(o['server_median_tpot_ms'], v['server_median_tpot_ms'])}")
+    return [*lines, "", "Server's median TPOT under ours vs under vllm bench, pair by pair "
+            "(slots in run order): " + "; ".join(pairs) + "."]
+
+
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for speed in dict.fromkeys(r["speed_up"] for r in rows):
@@ -219,11 +313,16 @@ def main() -> int:
                              "shared cores, as on a client machine of their own)")
     parser.add_argument("--pin", action="store_true",
                         help="the server on CPU 0 only, every client on CPU 1 only")
+    parser.add_argument("--order", choices=("alternate", "random"), default="alternate",
+                        help="which client goes first in each pair (run_order)")
+    parser.add_argument("--order-seed", type=int, default=0, help="the seed of --order random")
     args = parser.parse_args()
     speeds = [float(s) for s in args.speed_ups.split(",")]
     command = "benchmarks/trace_parity.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     started, load_before = datetime.now(UTC), uptime()
     rows: list[dict[str, Any]] = []
+    rng = random.Random(args.order_seed)
+    orders = {speed: run_order(args.order, args.runs, rng) for speed in speeds}
     with tempfile.TemporaryDirectory(prefix="trace-parity-") as tmp:
         out = Path(tmp)
         with VllmServer(MODEL, out / "server.log", tuple(fine_buckets_flag()),
@@ -235,23 +334,31 @@ def main() -> int:
                        "--max-concurrency", "8", "--seed", "999"],
                       cpus=CLIENT_CPUS if args.pin else None)
             for speed in speeds:
-                for i in range(args.runs):
-                    for name in (CLIENTS if i % 2 == 0 else CLIENTS[::-1]):
+                for i, pair in enumerate(orders[speed]):
+                    for place, name in enumerate(pair):
                         tag = f"{speed:g}x-{i}-{'vllm' if name == CLIENTS[0] else 'ours'}"
                         seed = speeds.index(speed) * args.runs + i
-                        rows.append(run_client(name, server.base_url, args, speed, seed,
-                                               out / f"{tag}.json"))
+                        rows.append({**run_client(name, server.base_url, args, speed, seed,
+                                                  out / f"{tag}.json"),
+                                     "pair": i, "first": place == 0, "slot": 2 * i + place + 1})
                         r = rows[-1]
-                        print(f"{tag}: {r['completed']} req, {r['input_tokens']} in, "
+                        print(f"{tag} slot {r['slot']}: {r['completed']} req, "
+                              f"{r['input_tokens']} in, "
                               f"{r['output_tokens']} out, TTFT {r['median_ttft_ms']:.2f} ms "
                               f"(server {r['server_median_ttft_ms']:.2f}), TPOT "
                               f"{r['median_tpot_ms']:.2f}, late max {r['late_max_ms']:.1f} ms, "
-                              f"hits {r['hit_rate']:.3f}", flush=True)
+                              f"hits {r['hit_rate']:.3f}, server TPOT "
+                              f"{r['server_median_tpot_ms']:.2f}", flush=True)
     if args.save_runs:
         Path(args.save_runs).write_text(json.dumps(rows, indent=1))
     preamble = (
         f"Command: `.venv/bin/python {command.strip()}` ({args.runs} runs per client and "
-        f"speed-up, alternating; the first {args.num_prompts} rows of `{args.trace.name}` at "
+        f"speed-up, one of each per pair; order in pairs: "
+        + (f"random, seed {args.order_seed}: " if args.order == "random" else "alternating: ")
+        + "; ".join(f"{s:g}x " + " ".join("vo"[p[0] == CLIENTS[1]] + "vo"[p[1] == CLIENTS[1]]
+                                          for p in orders[s]) for s in speeds)
+        + " (v = vllm bench, o = ours)"
+        + f"; the first {args.num_prompts} rows of `{args.trace.name}` at "
         + ", ".join(f"{s:g}x" for s in speeds) + " (--timed-trace-sec-multiplier 0.001 / "
         "speed-up), --temperature 0; ours with --seed <run>). One `vllm serve models/tiny-llama "
         "--enforce-eager --max-model-len 1024 --custom-histogram-buckets <fine>`. Cells: median "
@@ -264,7 +371,9 @@ def main() -> int:
     section = []
     for speed in speeds:
         section += [f"Speed-up {speed:g}x:", "",
-                    *speed_table([r for r in rows if r["speed_up"] == speed]), ""]
+                    *speed_table([r for r in rows if r["speed_up"] == speed]), "",
+                    *pooled_table([r for r in rows if r["speed_up"] == speed]), "",
+                    *slot_table([r for r in rows if r["speed_up"] == speed]), ""]
     section += ["Targets:", "", *verdicts(rows), ""]
     text = "\n".join(section)
     print(preamble + "\n\n" + text)

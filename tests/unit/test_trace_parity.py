@@ -1,16 +1,25 @@
-"""benchmarks/trace_parity.py's verdicts (pure) and loadgen_parity.placement, the preexec_fn
-that pins a client or server to CPUs for `--pin`."""
+"""benchmarks/trace_parity.py's verdicts, run order and pooling, trace_parity_aa's pair
+differences (pure), and loadgen_parity.placement, the preexec_fn that pins a client or
+server to CPUs for `--pin`."""
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import subprocess
 import sys
+
+import pytest
 
 from benchmarks.loadgen_parity import placement
 from benchmarks.trace_parity import CLIENTS
 from benchmarks.trace_parity import lateness_ms
+from benchmarks.trace_parity import pooled_median_ms
+from benchmarks.trace_parity import request_tpots_ms
+from benchmarks.trace_parity import run_order
 from benchmarks.trace_parity import verdicts
+from benchmarks.trace_parity_aa import pair_diffs
 
 
 def row(client: str, ttft: float, tpot: float, server_ttft: float, late: float) -> dict:
@@ -55,3 +64,54 @@ def test_placement_pins_and_renices_only_the_child() -> None:
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert child(placement(None, frozenset({cpu}))) == f"[{cpu}] {mine}"
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the parent untouched
+
+
+VL, US = CLIENTS
+ALT4 = [(VL, US), (US, VL), (VL, US), (US, VL)]
+
+
+@pytest.mark.parametrize(("order", "runs", "seed", "expected"), [
+    ("alternate", 4, 0, ALT4),
+    ("alternate", 3, 7, ALT4[:3]),             # the seed plays no part
+    ("random", 4, 0, [(VL, US), (VL, US), (US, VL), (US, VL)]),
+    ("random", 4, 1, [(US, VL), (VL, US), (VL, US), (US, VL)]),
+    ("random", 3, 2, [(US, VL), (VL, US), (VL, US)]),
+    ("random", 1, 0, [(US, VL)]),
+    ("random", 0, 0, []),
+])
+def test_run_order(order: str, runs: int, seed: int, expected: list) -> None:
+    assert run_order(order, runs, random.Random(seed)) == expected
+
+
+@pytest.mark.parametrize("runs", [2, 5, 6, 9])
+def test_random_order_gives_each_client_the_same_runs_and_balanced_first_places(runs: int) -> None:
+    for seed in range(20):
+        pairs = run_order("random", runs, random.Random(seed))
+        assert len(pairs) == runs and all(sorted(p) == sorted(CLIENTS) for p in pairs)
+        firsts = sum(p[0] == US for p in pairs)
+        assert runs // 2 <= firsts <= runs - runs // 2
+
+
+def test_random_orders_differ_by_seed_and_unknown_order_raises() -> None:
+    assert len({tuple(run_order("random", 6, random.Random(s))) for s in range(10)}) > 1
+    with pytest.raises(ValueError):
+        run_order("shuffle", 2, random.Random(0))
+
+
+def test_request_tpot_is_itl_sum_over_tokens_minus_one_and_skips_single_tokens() -> None:
+    tpots = request_tpots_ms([3, 1, 0, 5], [[0.002, 0.004], [], [], [0.001] * 4])
+    assert [round(x, 9) for x in tpots] == [3.0, 1.0]
+
+
+def test_pooled_median_sums_the_runs_buckets() -> None:
+    inf = math.inf
+    run_a = [[0.01, 3], [0.02, 3], [inf, 3]]  # 3 observations in (0, 10 ms]
+    run_b = [[0.01, 0], [0.02, 1], [inf, 1]]  # 1 observation in (10, 20 ms]
+    # 4 pooled: rank 2 falls in the first bucket at 2/3 of its width
+    assert round(pooled_median_ms([run_a, run_b]), 6) == round(1000 * 0.01 * 2 / 3, 6)
+    assert round(pooled_median_ms([run_b]), 6) == 15.0
+
+
+def test_aa_pair_diffs_compare_each_second_run_with_its_first() -> None:
+    rows = [{"k": 2.0}, {"k": 3.0}, {"k": 4.0}, {"k": 2.0}, {"k": 9.0}]  # the odd run is unpaired
+    assert pair_diffs(rows, "k") == [50.0, -50.0]
