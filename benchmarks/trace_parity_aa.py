@@ -29,7 +29,6 @@ try:
     from loadgen_parity import MODEL
     from loadgen_parity import VllmServer
     from loadgen_parity import run_timed
-    from parity import pct
     from record import append_section
     from record import uptime
     from trace_parity import CLIENT_CPUS
@@ -41,7 +40,6 @@ except ModuleNotFoundError:  # imported as benchmarks.trace_parity_aa
     from benchmarks.loadgen_parity import MODEL
     from benchmarks.loadgen_parity import VllmServer
     from benchmarks.loadgen_parity import run_timed
-    from benchmarks.parity import pct
     from benchmarks.record import append_section
     from benchmarks.record import uptime
     from benchmarks.trace_parity import CLIENT_CPUS
@@ -98,12 +96,11 @@ def main() -> int:
     lines = ["| client, pair: 2nd run vs 1st | " + " | ".join(label for _, label in KEYS) + " |",
              "| --- |" + " --- |" * len(KEYS)]
     for client, rows in runs.items():
-        for i, (a, b) in enumerate(zip(rows[::2], rows[1::2])):
-            lines.append(f"| {client}, pair {i} | "
-                         + " | ".join(pct(b[k], a[k]) for k, _ in KEYS) + " |")
+        diffs = [pair_diffs(rows, key) for key, _ in KEYS]
+        for i, pair in enumerate(zip(*diffs)):
+            lines.append(f"| {client}, pair {i} | " + " | ".join(f"{d:+.1f}%" for d in pair) + " |")
         cells = []
-        for key, _ in KEYS:
-            size = [abs(d) for d in pair_diffs(rows, key)]
+        for size in ([abs(d) for d in of_key] for of_key in diffs):
             cells.append(f"{statistics.median(size):.1f} [{min(size):.1f}-{max(size):.1f}]")
         lines.append(f"| {client}, size of the difference, % | " + " | ".join(cells) + " |")
     preamble = (f"Command: `.venv/bin/python {command.strip()}` ({args.pairs} pairs of two runs "
