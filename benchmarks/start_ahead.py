@@ -1,13 +1,17 @@
-"""Start-ahead on the CPU engine (issue #19): the quickstart space with `cluster.start_ahead` 0
-(today) and 1, alternated in one run, each a real `vllm-sweep run` on a private local Ray.
+"""Start-ahead and warm start on the CPU engine (issue #19): the quickstart space in two
+variants alternated in one run, each a real `vllm-sweep run` on a private local Ray.
 
-    .venv/bin/python benchmarks/start_ahead.py [--rounds 3] [--trials 4] [--no-doc]
+    .venv/bin/python benchmarks/start_ahead.py [--rounds 3] [--trials 4] [--new start_ahead]
+        [--old today] [--no-doc]
     .venv/bin/python benchmarks/start_ahead.py --neighbour [--rounds 4] [--no-doc]
 
 The sweep is sweeps/quickstart.yaml with the random sampler (seed 0: both variants measure the
 same configurations in the same order, so their throughputs pair up), `--trials` trials, the
 baseline and no re-measurement (baseline_repeats 0, confirm_top 0, one run per trial), written
-to a temp dir with its own results_dir. Per run:
+to a temp dir with its own results_dir. Variants (`--old`, `--new`): `today` = start_ahead 0,
+no start-up lever (as when issue #19 was filed); `start_ahead` = start_ahead 1, no lever;
+`warm_start` = start_ahead 1 and the `warm_start` lever (framework/engine/zygote.py); `warm_only`
+= start_ahead 0 and `warm_start`. Per run:
 - wall_s: the command's wall time; span_s: first trial start to last trial end (rows);
 - startup_s: each trial's own start-up (placement to /health; gate waits excluded), median;
 - measured_s: warm-up + load per trial, summed; load_s: the measured load alone (bench_s), summed;
@@ -47,17 +51,22 @@ except ModuleNotFoundError:  # imported as benchmarks.start_ahead
     from benchmarks.record import append_section
     from benchmarks.record import uptime
 
-VARIANTS = {"today": 0, "start_ahead": 1}
+# name: (cluster.start_ahead, server.startup_levers)
+VARIANTS: dict[str, tuple[int, list[str]]] = {
+    "today": (0, []), "start_ahead": (1, []), "warm_start": (1, ["warm_start"]),
+    "warm_only": (0, ["warm_start"])}
 
 
-def sweep_file(folder: Path, name: str, start_ahead: int, trials: int) -> Path:
+def sweep_file(folder: Path, name: str, variant: str, trials: int) -> Path:
     doc = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
     doc.update(name=name, model=str(ROOT / doc["model"]),
                search_space=str(ROOT / doc["search_space"]),
                results_dir=str(folder / "results"))
     doc["search"] = {"sampler": "random", "seed": 0, "n_trials": trials, "baseline": True,
                      "baseline_repeats": 0, "confirm_top": 0}
+    start_ahead, levers = VARIANTS[variant]
     doc.setdefault("cluster", {})["start_ahead"] = start_ahead
+    doc.setdefault("server", {})["startup_levers"] = levers
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -65,7 +74,7 @@ def sweep_file(folder: Path, name: str, start_ahead: int, trials: int) -> Path:
 
 def run_one(folder: Path, variant: str, round_: int, trials: int) -> dict:
     name = f"sa-{variant}-{round_}"
-    path = sweep_file(folder, name, VARIANTS[variant], trials)
+    path = sweep_file(folder, name, variant, trials)
     t0 = time.monotonic()
     done = subprocess.run([str(ROOT / ".venv" / "bin" / "vllm-sweep"), "run", str(path)],
                           capture_output=True, text=True, timeout=3600, check=False)
@@ -90,7 +99,7 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]"
 
 
-def tables(runs: list[dict]) -> str:
+def tables(runs: list[dict], old_name: str = "today", new_name: str = "start_ahead") -> str:
     lines = ["| variant | round | wall s | span s | trials | median start-up s | median gate "
              "wait s | measured s | load s | efficiency | wall per trial s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -99,10 +108,10 @@ def tables(runs: list[dict]) -> str:
                      f"{r['complete']}/{r['trials']} | {r['startup_s']:.1f} | "
                      f"{r['gate_wait_s']:.1f} | {r['measured_s']:.0f} | {r['load_s']:.0f} | "
                      f"{r['efficiency']:.3f} | {r['per_trial_s']:.1f} |")
-    by = {v: [r for r in runs if r["variant"] == v] for v in VARIANTS}
-    old, new = by["today"], by["start_ahead"]
-    lines += ["", "| measure | today, median [range] | start-ahead | ratio new/old per round "
-              "(median [range]) |", "|---|---|---|---|"]
+    old = [r for r in runs if r["variant"] == old_name]
+    new = [r for r in runs if r["variant"] == new_name]
+    lines += ["", f"| measure | {old_name}, median [range] | {new_name} | ratio new/old per "
+              "round (median [range]) |", "|---|---|---|---|"]
     for key, label in (("wall_s", "wall s"), ("startup_s", "median start-up s"),
                        ("per_trial_s", "wall per trial s"), ("efficiency", "efficiency")):
         ratios = [n[key] / o[key] for o, n in zip(old, new)]
@@ -112,10 +121,10 @@ def tables(runs: list[dict]) -> str:
               for t in o["throughput"] if t in n["throughput"]]
     within = [o2["throughput"][t] / o1["throughput"][t] for o1, o2 in zip(old, old[1:])
               for t in o1["throughput"] if t in o2["throughput"]]
-    lines.append(f"| output tok/s, same configuration: start-ahead / today | "
+    lines.append(f"| output tok/s, same configuration: {new_name} / {old_name} | "
                  f"{len(paired)} pairs | | {spread(paired)} |")
     if within:
-        lines.append(f"| output tok/s, same configuration: today / today (noise) | "
+        lines.append(f"| output tok/s, same configuration: {old_name} / {old_name} (noise) | "
                      f"{len(within)} pairs | | {spread(within)} |")
     return "\n".join(lines)
 
@@ -185,6 +194,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--old", choices=list(VARIANTS), default="today")
+    parser.add_argument("--new", choices=list(VARIANTS), default="start_ahead")
     parser.add_argument("--no-doc", action="store_true")
     parser.add_argument("--neighbour", action="store_true",
                         help="measure one server with an idle second server up vs not")
@@ -201,22 +212,24 @@ def main() -> None:
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="start-ahead-") as tmp:
         for i in range(args.rounds):
-            order = list(VARIANTS) if i % 2 == 0 else list(VARIANTS)[::-1]
+            pair = [args.old, args.new]
+            order = pair if i % 2 == 0 else pair[::-1]
             for variant in order:
                 runs.append(run_one(Path(tmp), variant, i, args.trials))
                 r = runs[-1]
                 print(f"{variant} round {i}: wall {r['wall_s']:.0f} s, start-up "
                       f"{r['startup_s']:.1f} s, efficiency {r['efficiency']:.3f}", flush=True)
     runs.sort(key=lambda r: (r["round"], r["variant"]))
-    text = tables(runs)
+    text = tables(runs, args.old, args.new)
     print(text)
     if not args.no_doc:
         append_section(
-            "Start-ahead on the CPU engine (issue #19)",
-            f"`benchmarks/start_ahead.py --rounds {args.rounds} --trials {args.trials}`: the "
-            "quickstart space (random sampler, seed 0, baseline, no re-measurement) with "
-            "cluster.start_ahead 0 and 1, alternated. Efficiency = measured load time / wall "
-            f"time. Load before: `{load_before}`; after: `{uptime()}`.", text, started)
+            f"{args.new} against {args.old} on the CPU engine (issue #19)",
+            f"`benchmarks/start_ahead.py --rounds {args.rounds} --trials {args.trials} --old "
+            f"{args.old} --new {args.new}`: the quickstart space (random sampler, seed 0, "
+            "baseline, no re-measurement), the two variants alternated (module docstring). "
+            "Efficiency = measured load time / wall time. "
+            f"Load before: `{load_before}`; after: `{uptime()}`.", text, started)
 
 
 if __name__ == "__main__":

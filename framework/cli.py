@@ -71,12 +71,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                                secret_env={"VLLM_API_KEY": key} if key else None,
                                read_ahead=sweep_mod.read_ahead_dir(spec),
                                fork_start=(spec.engine == "gpu" and
-                                           "fork_start" in spec.server.startup_levers))
+                                           "fork_start" in spec.server.startup_levers),
+                               warm_start=(spec.engine in ("cpu", "gpu") and
+                                           "warm_start" in spec.server.startup_levers))
         runner = Runner(sw, launcher, console)
         target = max(runner.tuner.finished(), spec.search.n_trials)
         if args.add_trials:
             target = runner.tuner.finished() + args.add_trials
-        runner.run(target)
+        try:
+            runner.run(target)
+        finally:
+            launcher.close()
     runner.summary()
     console.print(f"results: {sw.store.sweep_dir.resolve()}", highlight=False, soft_wrap=True)
     return _decision_exit(sw, args.summary_json)

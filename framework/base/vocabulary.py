@@ -27,7 +27,7 @@ Scalar = bool | int | float | str
 
 # Start-up levers (framework.engine.startup_levers): names a sweep may enable and a row records.
 StartupLever = Literal["cudagraph_sizes", "compile_cache", "page_cache", "load_format",
-                       "fork_start"]
+                       "fork_start", "warm_start"]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (25, 50, 75, 90, 95, 99)
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")

@@ -32,6 +32,7 @@ from framework.cluster.ports import pick_port
 from framework.engine import fake_engine
 from framework.engine import serve_process
 from framework.engine import vllm_server as engine
+from framework.engine import zygote as warm
 from framework.engine.control import SOCKET_VAR
 from framework.engine.control import socket_path
 
@@ -88,11 +89,13 @@ class ServerActor:
 
     def serve(self, argv: list[str], log_path: str, engine_name: str = "cpu",
               secret_env: dict[str, str] | None = None, tag: str = "",
-              fork_start: bool = False) -> None:
+              fork_start: bool = False, zygote: str | None = None) -> None:
         """`log_path` is node-local (from `prepare`). `secret_env` (e.g. VLLM_API_KEY) arrives
         as a call argument, not in the actor's runtime_env, which Ray records in its job and
         actor tables. `fork_start`: vLLM's server runs in a child process so that vLLM forks
-        its processes (framework.engine.serve_process), unless it uses vLLM's Ray executor."""
+        its processes (framework.engine.serve_process), unless it uses vLLM's Ray executor.
+        `zygote`: the node's warm zygote (the `warm_start` lever, framework.engine.zygote) forks
+        the server's processes; same exception."""
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         os.environ.pop("VLLM_API_KEY", None)  # a private Ray's workers inherit the driver's env
         os.environ.update(secret_env or {})
@@ -101,6 +104,8 @@ class ServerActor:
         engine.redirect_output(Path(log_path))
         if engine_name == "fake":
             fake_engine.serve(argv, on_ready=lambda args: self._start_fake_workers(args.port, tag))
+        elif zygote and not serve_process.uses_ray_executor(argv):
+            warm.serve_in_zygote(zygote, argv)
         elif fork_start and not serve_process.uses_ray_executor(argv):
             serve_process.serve_in_child(argv)
         else:

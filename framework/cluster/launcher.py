@@ -37,6 +37,8 @@ from framework.cluster.placement import layout
 from framework.cluster.ports import claim_port
 from framework.cluster.server import RayServer
 from framework.cluster.vllm_plugin import ENV_FLAG
+from framework.cluster.zygote_keeper import Zygotes
+from framework.engine.serve_process import uses_ray_executor
 
 # While a group with pinned stages waits, how often its layout is chosen again from the
 # devices free by then (another trial may have taken the nodes it was pinned to).
@@ -81,10 +83,13 @@ class RayLauncher:
     def __init__(self, env: Mapping[str, str], host: str, engine: str,
                  placement_timeout_s: float = 3600.0,
                  secret_env: Mapping[str, str] | None = None,
-                 read_ahead: str | None = None, fork_start: bool = False) -> None:
+                 read_ahead: str | None = None, fork_start: bool = False,
+                 warm_start: bool = False) -> None:
         """`read_ahead`: a model directory each server's node reads into its page cache while
         the server starts (the `page_cache` start-up lever, framework.cluster.page_cache).
-        `fork_start`: the `fork_start` lever (framework.engine.serve_process)."""
+        `fork_start`: the `fork_start` lever (framework.engine.serve_process).
+        `warm_start`: the `warm_start` lever: a warm zygote per node forks each server's
+        processes (framework.engine.zygote, cluster/zygote_keeper.py)."""
         self.env, self.host, self.engine = dict(env), host, engine
         self.read_ahead, self.fork_start = read_ahead, fork_start
         self._secret_env = dict(secret_env or {})
@@ -93,6 +98,7 @@ class RayLauncher:
         self._ports: set[tuple[str, int]] = set()
         self._active: dict[int, RayServer] = {}
         self._cancelled = threading.Event()
+        self._zygotes = Zygotes(self._env_for([{}])) if warm_start else None
 
     def node_resources(self) -> list[dict[str, float]]:
         return node_resources()
@@ -184,9 +190,17 @@ class RayLauncher:
         if self.read_ahead:
             start_read_ahead(self.read_ahead, info["node_id"])
         host = self.host if self.host != "node" else info["node_ip"]
-        ref = actor.serve.remote(argv_for_port(host, info["port"]), info["log_path"],
-                                 self.engine, self._secret_env, str(log_path),
-                                 self.fork_start)
+        argv = argv_for_port(host, info["port"])
+        zygote = None
+        if self._zygotes is not None and self.engine != "fake" and not uses_ray_executor(argv):
+            try:
+                zygote = self._zygotes.on(info["node_id"])
+            except BaseException:
+                ray.kill(actor, no_restart=True)
+                remove_placement_group(group)
+                raise
+        ref = actor.serve.remote(argv, info["log_path"], self.engine, self._secret_env,
+                                 str(log_path), self.fork_start, zygote)
         server = RayServer(actor=actor, group=group, serve_ref=ref,
                            base_url=f"http://{host}:{info['port']}", node_ip=info["node_ip"],
                            node_id=info["node_id"], pid=info["pid"], port=info["port"],
@@ -195,6 +209,11 @@ class RayLauncher:
         with self._lock:
             self._active[id(server)] = server
         return server
+
+    def close(self) -> None:
+        """End the node zygotes (`warm_start`); servers still running are `stop_all`'s."""
+        if self._zygotes is not None:
+            self._zygotes.close()
 
     def stop_all(self) -> None:
         """Stop every server still running and every wait for placement (driver interrupted)."""

@@ -12,6 +12,7 @@ they are read from the GCS actor table (`placement_group_id`, `pid`, node), the 
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -27,6 +28,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from framework.base.errors import TrialError
 from framework.engine import control
+from framework.engine.zygote import group_file
+from framework.engine.zygote import is_zygote_process
+from framework.engine.zygote import served_group
 
 # Ray's GCS marks a node dead after ~5 missed health checks of 3 s; an actor on a dying node
 # is reported dead before that.
@@ -56,13 +60,27 @@ def group_processes(group: PlacementGroup) -> list[GroupProcess]:
 
 
 def _tree(pid: int) -> list[int]:
+    """The actor `pid`, its descendants, and the process group of the server a zygote forked
+    for it (`warm_start`: those are the zygote's children, framework.engine.zygote)."""
     import psutil
 
+    found: list[int] = []
     try:
         root = psutil.Process(pid)
-        return [pid, *(p.pid for p in root.children(recursive=True))]
+        found = [pid, *(p.pid for p in root.children(recursive=True))]
     except psutil.NoSuchProcess:
-        return []
+        pass
+    group = served_group(pid)
+    if group is not None:
+        for proc in psutil.process_iter():
+            try:
+                if (os.getpgid(proc.pid) == group and proc.pid not in found
+                        and is_zygote_process(proc.cmdline())):
+                    found.append(proc.pid)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        group_file(pid).unlink(missing_ok=True)
+    return found
 
 
 def _running(proc) -> bool:  # noqa: ANN001 - a psutil.Process (psutil is imported on the node)

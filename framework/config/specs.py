@@ -42,6 +42,8 @@ from framework.config.workloads_spec import workloads_problem
 from framework.config.yaml_io import SecretInSweep
 from framework.config.yaml_io import load_validated
 
+GPU_LEVERS: tuple[StartupLever, ...] = ("compile_cache", "page_cache", "load_format")
+CPU_LEVERS: tuple[StartupLever, ...] = ("warm_start",)
 
 class ServerSpec(_Spec):
     """Fixed vLLM flags (same for every trial) and how a server is started.
@@ -61,9 +63,10 @@ class ServerSpec(_Spec):
     space (kind: run), TPE / random trials that start a server are followed by their siblings
     (same flags, the other discrete run-setting values), which reuse it.
 
-    `startup_levers`: what may shorten a GPU server's start-up (framework.engine.startup_levers;
-    `cudagraph_sizes` and `fork_start` are opt-in, the default ones change nothing served);
-    inert on CPU.
+    `startup_levers`: what may shorten a server's start-up (framework.engine.startup_levers).
+    Default on GPU: GPU_LEVERS (`cudagraph_sizes`, `fork_start` and `warm_start` opt-in; the
+    default ones change nothing served); on CPU: CPU_LEVERS, `warm_start` (the others are
+    inert there).
 
     `host`: the address servers bind to. `auto` = 127.0.0.1 on a private local Ray, the node's
     own IP on a joined cluster; `node` = always the node's IP; or a literal address.
@@ -76,7 +79,7 @@ class ServerSpec(_Spec):
     api_key_env: str | None = None
     dummy_weights: bool = False
     reuse: bool = True
-    startup_levers: tuple[StartupLever, ...] = ("compile_cache", "page_cache", "load_format")
+    startup_levers: tuple[StartupLever, ...] = GPU_LEVERS
 
     @field_validator("api_key_env")
     @classmethod
@@ -258,6 +261,17 @@ class SweepSpec(_Spec):
             if key != "error_rate" and not limit > 0:
                 raise ValueError(f"SLA limit for {key} must be > 0, got {limit}")
         return sla
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cpu_levers(cls, data: Any) -> Any:
+        """On the CPU engine, `server.startup_levers` defaults to CPU_LEVERS (GPU: ServerSpec's)."""
+        if not isinstance(data, dict) or data.get("engine", "cpu") != "cpu":
+            return data
+        server = data.get("server") or {}
+        if isinstance(server, dict) and "startup_levers" not in server:
+            return {**data, "server": {**server, "startup_levers": CPU_LEVERS}}
+        return data
 
     @model_validator(mode="before")
     @classmethod

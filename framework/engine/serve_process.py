@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,15 +72,13 @@ def failure_of(returncode: int, result: str) -> TrialError | None:
     return TrialError("startup_crash", f"vLLM's API server process ended with {how}")
 
 
-def serve_in_child(argv: Sequence[str]) -> None:
-    """Run the server in a child process (argv list, stdout/stderr inherited: the actor's
-    redirected log) and block until it exits; raise its TrialError, if any."""
+def serve_with(start: Callable[[dict[str, str]], int]) -> None:
+    """Run a server process through `start(env)` (returns its exit code when it has ended),
+    with a result file in `env`; raise the process's TrialError, if any."""
     fd, result_path = tempfile.mkstemp(prefix="vsweep-serve-", suffix=".json")
     os.close(fd)
-    env = {**os.environ, RESULT_VAR: result_path, PARENT_VAR: str(os.getpid())}
     try:
-        proc = subprocess.Popen(child_argv(argv), env=env)
-        returncode = proc.wait()
+        returncode = start({**os.environ, RESULT_VAR: result_path})
         failure = failure_of(returncode, Path(result_path).read_text(encoding="utf-8"))
     finally:
         Path(result_path).unlink(missing_ok=True)
@@ -87,7 +86,14 @@ def serve_in_child(argv: Sequence[str]) -> None:
         raise failure
 
 
-def _die_with_parent() -> None:
+def serve_in_child(argv: Sequence[str]) -> None:
+    """Run the server in a child process (argv list, stdout/stderr inherited: the actor's
+    redirected log) and block until it exits; raise its TrialError, if any."""
+    serve_with(lambda env: subprocess.Popen(
+        child_argv(argv), env={**env, PARENT_VAR: str(os.getpid())}).wait())
+
+
+def die_with_parent() -> None:
     """SIGTERM this process when its parent's thread ends (Linux; elsewhere a no-op); exit at
     once if the parent is already gone."""
     try:
@@ -98,10 +104,10 @@ def _die_with_parent() -> None:
         sys.exit(1)
 
 
-def main(argv: Sequence[str]) -> int:
+def run(argv: Sequence[str]) -> int:
+    """Serve `argv`; 0, or FAILED_EXIT with the TrialError written to $VLLM_SWEEP_SERVE_RESULT."""
     from framework.engine.vllm_server import serve
 
-    _die_with_parent()
     try:
         serve(argv)
     except TrialError as exc:
@@ -109,6 +115,11 @@ def main(argv: Sequence[str]) -> int:
             json.dumps({"reason": exc.reason, "detail": exc.detail}), encoding="utf-8")
         return FAILED_EXIT
     return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    die_with_parent()
+    return run(argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,12 @@
 """Start-up levers: flags and actions that shorten a server's start-up, chosen per trial.
 Pure; table-tested in tests/unit/test_startup_levers.py. Each lever used is named in the
-trial row (`startup_levers`); on the CPU engine and FakeEngine every lever is inert.
+trial row (`startup_levers`); on the CPU engine every lever but `warm_start` is inert, on
+FakeEngine every one.
+
+- `warm_start` (CPU and GPU): a per-node zygote with vLLM imported forks the server's API
+  server, EngineCore and workers, instead of each importing torch and vLLM again
+  (framework.engine.zygote; the zygotes: cluster/zygote_keeper.py). Not with vLLM's Ray
+  executor, whose servers stay in the actor's process. Takes precedence over `fork_start`.
 
 - `fork_start` (opt-in, GPU): vLLM's API server runs in a child process of the server actor,
   where vLLM may fork its EngineCore and workers instead of spawning them (inside a Ray actor
@@ -68,10 +74,12 @@ def plan_levers(enabled: Collection[str], *, engine: str, flags: Mapping[str, Sc
                 installed: Collection[str] = (), safetensors: bool = True) -> LeverPlan:
     """The levers of `enabled` that apply to one trial with these `flags` on this engine;
     `installed`: optional loader packages present on the nodes (e.g. "fastsafetensors")."""
+    in_actor = flags.get("distributed-executor-backend") == "ray"
+    warm = ("warm_start",) if ("warm_start" in enabled and engine in ("cpu", "gpu")
+                               and not in_actor) else ()
     if engine != "gpu":
-        return LeverPlan()
-    forked = ("fork_start",) if ("fork_start" in enabled and
-                                 flags.get("distributed-executor-backend") != "ray") else ()
+        return LeverPlan(names=warm)
+    forked = ("fork_start",) if "fork_start" in enabled and not (in_actor or warm) else ()
     add: dict[str, Scalar] = {}
     names: list[str] = []
     seqs = flags.get("max-num-seqs")
@@ -88,4 +96,4 @@ def plan_levers(enabled: Collection[str], *, engine: str, flags: Mapping[str, Sc
             and flags.get("load-format") is None):
         add["load-format"] = "fastsafetensors"
         names.append("load_format")
-    return LeverPlan(flags=add, names=(*names, *forked))
+    return LeverPlan(flags=add, names=(*names, *forked, *warm))

@@ -41,11 +41,18 @@ def test_uses_ray_executor(argv, ray):
     {}, {"tensor-parallel-size": 2}, {"pipeline-parallel-size": 2},
     {"tensor-parallel-size": 2, "distributed-executor-backend": "mp"}, {"max-num-seqs": 8},
 ])
-def test_the_row_names_fork_start_exactly_when_the_actor_forks(params):
+@pytest.mark.parametrize(("lever", "engine"), [
+    ("fork_start", "gpu"), ("warm_start", "gpu"), ("warm_start", "cpu")])
+def test_the_row_names_a_process_lever_exactly_when_the_actor_uses_it(params, lever, engine):
     """plan_levers (the row) and the actor (the argv) decide alike for every trial shape."""
     flags = trial_flags({}, params, is_baseline=False)
-    named = "fork_start" in plan_levers(LEVERS, engine="gpu", flags=flags).names
+    named = lever in plan_levers((lever,), engine=engine, flags=flags).names
     assert named is not uses_ray_executor(server_argv("m", flags, "127.0.0.1", 8000))
+
+
+def test_warm_start_takes_precedence_over_fork_start():
+    names = plan_levers(LEVERS, engine="gpu", flags={}).names
+    assert "warm_start" in names and "fork_start" not in names
 
 
 @pytest.mark.parametrize(("code", "result", "reason", "detail"), [
@@ -73,8 +80,8 @@ def test_a_rejected_argv_comes_back_as_invalid_args():
 
 def test_the_child_dies_with_its_parent():
     """A parent that dies without stopping its child (a killed actor) leaves no server."""
-    child = ("import time; from framework.engine.serve_process import _die_with_parent; "
-             "_die_with_parent(); print('armed', flush=True); time.sleep(120)")
+    child = ("import time; from framework.engine.serve_process import die_with_parent; "
+             "die_with_parent(); print('armed', flush=True); time.sleep(120)")
     parent = ("import os, subprocess, sys; "
               f"p = subprocess.Popen([sys.executable, '-c', {child!r}], "
               f"env={{**os.environ, {PARENT_VAR!r}: str(os.getpid())}}, stdout=subprocess.PIPE); "

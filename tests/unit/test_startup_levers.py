@@ -22,9 +22,11 @@ DEFAULTS = ("compile_cache", "page_cache", "load_format")
 
 
 @pytest.mark.parametrize(("enabled", "engine", "flags", "installed", "added", "names"), [
-    # CPU and FakeEngine: every lever inert (vLLM's CPU platform spawns whatever we do)
+    # FakeEngine: every lever inert; CPU: all but warm_start (vLLM's CPU platform spawns)
     (ALL, "fake", {"max-num-seqs": 8}, FAST, {}, ()),
-    (ALL, "cpu", {"max-num-seqs": 8}, FAST, {}, ()),
+    (ALL, "cpu", {"max-num-seqs": 8}, FAST, {}, ("warm_start",)),
+    (ALL[:5], "cpu", {"max-num-seqs": 8}, FAST, {}, ()),
+    (("warm_start",), "cpu", {"distributed-executor-backend": "ray"}, FAST, {}, ()),
     # vLLM's Ray executor (what TP x PP > 1 gets): the server stays in the actor, no fork
     (("fork_start",), "gpu", {"distributed-executor-backend": "ray"}, FAST, {}, ()),
     (("fork_start",), "gpu", {"distributed-executor-backend": "mp"}, FAST, {},
@@ -32,7 +34,9 @@ DEFAULTS = ("compile_cache", "page_cache", "load_format")
     # GPU, graphs captured: capture sizes capped at max-num-seqs, loader picked when installed
     (ALL, "gpu", {"max-num-seqs": 64}, FAST,
      {"max-cudagraph-capture-size": 64, "load-format": "fastsafetensors"},
-     ("cudagraph_sizes", "compile_cache", "page_cache", "load_format", "fork_start")),
+     ("cudagraph_sizes", "compile_cache", "page_cache", "load_format", "warm_start")),
+    (ALL[:5], "gpu", {"max-num-seqs": 64}, (), {"max-cudagraph-capture-size": 64},
+     ("cudagraph_sizes", "compile_cache", "page_cache", "fork_start")),
     # the defaults leave cudagraph_sizes out; nothing installed: no load format
     (DEFAULTS, "gpu", {"max-num-seqs": 64}, (), {}, ("compile_cache", "page_cache")),
     (ALL, "gpu", {"max-num-seqs": 64, "distributed-executor-backend": "ray"}, (),

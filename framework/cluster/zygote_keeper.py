@@ -1,0 +1,80 @@
+"""One warm zygote per node (framework/engine/zygote.py) for the `warm_start` lever: a Ray
+actor pinned to the node starts it as its child (argv list) and keeps it until the actor is
+killed (`Zygotes.close`) or dies with the driver; the zygote dies with it (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from framework.base.errors import TrialError
+from framework.cluster.actors import use_cache_dir
+from framework.engine.serve_process import PARENT_VAR
+from framework.engine.zygote import FOLDER_PREFIX
+
+WARM_TIMEOUT_S = 300.0
+
+
+@ray.remote(num_cpus=0)
+class ZygoteKeeper:
+    def start(self) -> str:
+        """Start the zygote; return its socket path once it is warm (vLLM imported)."""
+        use_cache_dir()
+        folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        path = str(folder / "zygote.sock")
+        log = open(folder / "zygote.log", "ab")  # noqa: SIM115 - the child holds it
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "framework.engine.zygote", path], stdout=log, stderr=log,
+            env={**os.environ, PARENT_VAR: str(os.getpid())})
+        deadline = time.monotonic() + WARM_TIMEOUT_S
+        while not os.path.exists(path):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = (folder / "zygote.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the zygote did not get warm: {tail}")
+            time.sleep(0.1)
+        return path
+
+
+class Zygotes:
+    """The launcher's zygotes, one per node, started on first use. Thread-safe."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = dict(env)
+        self._lock = threading.Lock()
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._nodes: dict[str, tuple[ray.actor.ActorHandle, str]] = {}
+
+    def on(self, node_id: str) -> str:
+        """The socket path of `node_id`'s zygote, started (and waited for) if need be."""
+        with self._lock:
+            node_lock = self._node_locks.setdefault(node_id, threading.Lock())
+        with node_lock:
+            if node_id not in self._nodes:
+                keeper = ZygoteKeeper.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                    runtime_env={"env_vars": self._env}).remote()
+                try:
+                    path = ray.get(keeper.start.remote(), timeout=WARM_TIMEOUT_S + 30)
+                except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+                    ray.kill(keeper, no_restart=True)
+                    raise TrialError("startup_crash", f"warm_start: {exc}"[:2000]) from None
+                with self._lock:
+                    self._nodes[node_id] = (keeper, path)
+            return self._nodes[node_id][1]
+
+    def close(self) -> None:
+        """Kill every keeper (and so its zygote)."""
+        with self._lock:
+            keepers, self._nodes = [k for k, _ in self._nodes.values()], {}
+        for keeper in keepers:
+            ray.kill(keeper, no_restart=True)

@@ -1,0 +1,312 @@
+"""The `warm_start` start-up lever: a per-node process with vLLM already imported (the zygote)
+forks every vLLM process of a trial, instead of each one starting a new interpreter.
+
+Why: a vLLM server is three processes, API server -> EngineCore -> worker, and where vLLM
+spawns (always on its CPU platform, vllm/platforms/cpu.py `check_and_update_config`; inside a
+Ray actor, vllm/utils/system_utils.py `_maybe_force_spawn`) each one imports torch and vLLM
+again: ~9 s each on this project's 2-core machine (docs/BENCHMARKS.md, import split).
+The process structure stays vLLM's; each process is a fork of a process that has imported
+what it would import, as `vllm serve` itself forks its processes outside Ray on GPUs.
+
+How, with nothing of vLLM changed:
+- the trial's server actor asks the zygote (`serve_in_zygote`) to fork the API server; the
+  child takes the actor's environment, working directory, stdin/stdout/stderr, and runs
+  `serve_process.run(argv)` in a process group of its own;
+- vLLM starts its EngineCore and workers with multiprocessing's `spawn`, whose interpreter
+  is `multiprocessing.set_executable` (Lib/multiprocessing/spawn.py): here the shim
+  (framework/engine/zygote_shim.py). The shim hands its fds, environment and the spawn's
+  `pipe_handle`/`tracker_fd` to the zygote over a Unix socket (SCM_RIGHTS), the zygote forks,
+  and the child runs `multiprocessing.spawn.spawn_main` as a spawned interpreter would. The
+  shim stands in for the child toward vLLM: it forwards signals and exits with the child's
+  exit code. Any other command line (the resource tracker) is exec'd by the real interpreter.
+
+Lifetimes: each forked process holds the read end of a pipe whose write end only its
+requester holds (the actor, or the shim). When it closes (the requester died, even by
+SIGKILL) the API server SIGKILLs its process group, an EngineCore or worker itself.
+EngineCore and workers join the API server's group, so the group (`served_group`, read by
+cluster/server.py) is the whole server. The zygote dies with its keeper (PR_SET_PDEATHSIG).
+
+Protocol (one request per connection): 4-byte big-endian length sent with the fds, then a
+JSON header {"kind": "serve"|"spawn", "argv", "env", "cwd", "pgid", "targets", "nice",
+"affinity", and for "spawn" "pipe_handle", "tracker_fd"}; fds[i] becomes fd targets[i] in the child, the last
+fd is the life pipe. Replies: "pid N\n", later "exit CODE\n" (CODE as Popen.returncode).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from framework.engine.zygote_shim import SHIM_NAME
+from framework.engine.zygote_shim import SOCKET_VAR
+from framework.engine.zygote_shim import read_replies
+from framework.engine.zygote_shim import send_request
+from framework.engine.zygote_shim import traits
+
+MAX_FDS = 64
+FOLDER_PREFIX = "vsweep-zygote-"
+_HIGH_FD = 256
+# What the three processes import, in the order a fresh spawn would; the worker's module is
+# the platform's (`worker_modules`).
+PRELOAD = ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.core",
+           "vllm.v1.executor.multiproc_executor", "framework.engine.vllm_server")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the zygote's peer closed the connection mid-request")
+        data += chunk
+    return data
+
+
+def recv_request(sock: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(sock, 4, MAX_FDS)
+    if len(head) < 4:
+        head += _recv_exact(sock, 4 - len(head))
+    return json.loads(_recv_exact(sock, struct.unpack("!I", head)[0])), list(fds)
+
+
+def place_fds(received: Sequence[int], targets: Sequence[int]) -> None:
+    """Make fd targets[i] a copy of received[i] (inheritable, as a spawned process's fds are),
+    then close `received`: moved above every target first, so no target clobbers a source."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD) for fd in received]
+    for fd in received:
+        os.close(fd)
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target, inheritable=True)
+    for fd in high:
+        os.close(fd)
+
+
+def _watch_life(fd: int, whole_group: bool) -> None:
+    """SIGKILL this process (the API server: its process group) once `fd` reads EOF: its
+    requester died, as an actor's in-process server dies with it."""
+    def wait() -> None:
+        try:
+            while os.read(fd, 64):
+                pass
+        except OSError:
+            pass
+        if whole_group:
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, daemon=True, name="vsweep-life").start()
+
+
+def _take_traits(req: dict) -> None:
+    """The requester's niceness and CPU affinity (`zygote_shim.traits`), where allowed."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, int(req["nice"]))
+    except (OSError, KeyError):
+        pass
+    try:
+        os.sched_setaffinity(0, req["affinity"])
+    except (OSError, KeyError, ValueError):
+        pass
+
+
+def _run(req: dict) -> int:
+    if req["kind"] == "spawn":
+        from multiprocessing.spawn import spawn_main
+
+        sys.argv = ["-c", "--multiprocessing-fork"]  # what spawn_main asserts (is_forking)
+        spawn_main(req["pipe_handle"], tracker_fd=req["tracker_fd"])  # exits
+        return 0
+    from framework.engine import serve_process
+
+    return serve_process.run(req["argv"])
+
+
+def _child(req: dict, fds: list[int], close: Sequence[socket.socket], zygote_path: str) -> None:
+    """Become the requested process; never returns."""
+    code = 1
+    try:
+        for sock in close:
+            sock.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            os.setpgid(0, req.get("pgid") or 0)
+        except OSError:
+            os.setpgid(0, 0)
+        life = fcntl.fcntl(fds[-1], fcntl.F_DUPFD_CLOEXEC, _HIGH_FD + MAX_FDS)
+        os.close(fds[-1])
+        place_fds(fds[:-1], req["targets"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.environ[SOCKET_VAR] = zygote_path
+        os.chdir(req["cwd"])
+        _take_traits(req)
+        _watch_life(life, whole_group=req["kind"] == "serve")
+        code = _run(req)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - printed to the trial's log, then the exit code
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def worker_modules() -> tuple[str, ...]:
+    from vllm.platforms import current_platform
+
+    return {"cpu": ("vllm.v1.worker.cpu_worker",),
+            "cuda": ("vllm.v1.worker.gpu_worker",)}.get(current_platform.device_type, ())
+
+
+def preload(modules: Sequence[str]) -> None:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            print(f"vllm-sweep zygote: not preloaded: {name}: {exc}", flush=True)
+
+
+def serve_forever(path: str) -> None:
+    """Import what vLLM's processes import, then answer fork requests on the socket `path`
+    (created only once the imports are done: a connect succeeds only when warm). The shim is
+    written beside it; a folder named FOLDER_PREFIX* is removed on SIGTERM."""
+    from framework.engine import vllm_server
+    from framework.engine import zygote_shim
+
+    vllm_server.use_millisecond_log([])
+    preload(PRELOAD)
+    preload(worker_modules())
+    import multiprocessing
+
+    folder = Path(path).parent
+    multiprocessing.set_executable(zygote_shim.install(folder))
+    os.environ[SOCKET_VAR] = path
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    print(f"vllm-sweep zygote: ready on {path} (pid {os.getpid()})", flush=True)
+    waiting: dict[int, socket.socket] = {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            if select.select([listener], [], [], 0.2)[0]:
+                conn, _ = listener.accept()
+                _answer(conn, listener, waiting)
+            _reap(waiting)
+    finally:
+        Path(path).unlink(missing_ok=True)
+        if folder.name.startswith(FOLDER_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answer(conn: socket.socket, listener: socket.socket, waiting: dict[int, socket.socket]) -> None:
+    conn.settimeout(30)
+    try:
+        req, fds = recv_request(conn)
+    except (OSError, ValueError, ConnectionError) as exc:
+        print(f"vllm-sweep zygote: bad request: {exc}", flush=True)
+        conn.close()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(req, fds, [listener, conn, *waiting.values()], os.environ[SOCKET_VAR])
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+    except OSError:
+        pass
+    waiting[pid] = conn
+
+
+def _reap(waiting: dict[int, socket.socket]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:
+                pass
+            conn.close()
+
+
+def group_file(actor_pid: int) -> Path:
+    """Where a server actor records its warm-started server's process group (node-local)."""
+    return Path(tempfile.gettempdir()) / "vsweep-logs" / f"served-group-{actor_pid}"
+
+
+def is_zygote_process(cmdline: Sequence[str]) -> bool:
+    """A fork of a zygote (its command line) or a shim: what a served group may hold. A stale
+    group file then cannot name another program's processes."""
+    return ("framework.engine.zygote" in cmdline
+            or any(arg.endswith(SHIM_NAME) for arg in cmdline))
+
+
+def served_group(actor_pid: int) -> int | None:
+    """The process group of the server `actor_pid` had the zygote fork, if any."""
+    try:
+        return int(group_file(actor_pid).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def serve_in_zygote(path: str, argv: Sequence[str]) -> None:
+    """Have the zygote at `path` fork the API server with this process's environment and
+    stdin/stdout/stderr; block until it exits; raise its TrialError, if any. The server
+    ends if this process dies (its life pipe). Its process group is in `group_file`."""
+    from framework.engine.serve_process import serve_with
+
+    def start(env: dict[str, str]) -> int:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        life_r, life_w = os.pipe()
+        os.set_inheritable(life_w, False)
+        record = group_file(os.getpid())
+        record.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            send_request(sock, {"kind": "serve", "argv": list(argv), "env": env,
+                                "cwd": os.getcwd(), "pgid": None, "targets": [0, 1, 2],
+                                **traits()},
+                         [0, 1, 2, life_r])
+            os.close(life_r)
+            return read_replies(sock, lambda pid: record.write_text(str(pid), encoding="utf-8"))
+        finally:
+            sock.close()
+            os.close(life_w)
+            record.unlink(missing_ok=True)
+
+    serve_with(start)
+
+
+if __name__ == "__main__":
+    from framework.engine.serve_process import die_with_parent
+
+    die_with_parent()
+    serve_forever(sys.argv[1])
