@@ -1,19 +1,21 @@
 """Start-ahead and warm start on the CPU engine (issue #19): the quickstart space in two
 variants alternated in one run, each a real `vllm-sweep run` on a private local Ray.
 
-    .venv/bin/python benchmarks/start_ahead.py [--rounds 3] [--trials 4] [--new start_ahead]
-        [--old today] [--no-doc]
+    .venv/bin/python benchmarks/start_ahead.py [--rounds 3] [--trials 4]
+        [--old today] [--new start_ahead [warm_start ...]] [--no-doc]
     .venv/bin/python benchmarks/start_ahead.py --neighbour [--rounds 4] [--no-doc]
 
 The sweep is sweeps/quickstart.yaml with the random sampler (seed 0: both variants measure the
 same configurations in the same order, so their throughputs pair up), `--trials` trials, the
 baseline and no re-measurement (baseline_repeats 0, confirm_top 0, one run per trial), written
-to a temp dir with its own results_dir. Variants (`--old`, `--new`): `today` = start_ahead 0,
+to a temp dir with its own results_dir. Variants (`--old`, one or more `--new`, each compared
+with the old; the order is reversed every other round): `today` = start_ahead 0,
 no start-up lever (as when issue #19 was filed); `start_ahead` = start_ahead 1, no lever;
 `warm_start` = start_ahead 1 and the `warm_start` lever (framework/engine/zygote.py); `warm_only`
 = start_ahead 0 and `warm_start`. Per run:
 - wall_s: the command's wall time; span_s: first trial start to last trial end (rows);
 - startup_s: each trial's own start-up (placement to /health; gate waits excluded), median;
+  server_s: the same without the placement wait (with start-ahead, the wait for a free slot);
 - measured_s: warm-up + load per trial, summed; load_s: the measured load alone (bench_s), summed;
 - efficiency = load_s / wall_s (the issue's measure), and per-trial wall = wall_s / trials;
 - throughput: each trial's output tok/s, paired by trial number across the two variants.
@@ -89,6 +91,8 @@ def run_one(folder: Path, variant: str, round_: int, trials: int) -> dict:
             "span_s": (ends.max() - rows["started_at"].min()).total_seconds(),
             "trials": len(rows), "complete": len(ok),
             "startup_s": float(rows["startup_s"].median()),
+            "server_s": float((rows["startup_s"] - rows["startup_placement_s"].fillna(0)).median()),
+            "startups": [round(float(v), 1) for v in rows["startup_s"]],
             "gate_wait_s": float(rows["gate_wait_s"].median()),
             "measured_s": float((ok["warmup_s"].fillna(0) + ok["bench_s"]).sum()),
             "load_s": load, "efficiency": load / wall, "per_trial_s": wall / len(rows),
@@ -99,20 +103,29 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3g} [{min(values):.3g}-{max(values):.3g}]"
 
 
-def tables(runs: list[dict], old_name: str = "today", new_name: str = "start_ahead") -> str:
-    lines = ["| variant | round | wall s | span s | trials | median start-up s | median gate "
-             "wait s | measured s | load s | efficiency | wall per trial s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def run_table(runs: list[dict]) -> str:
+    lines = ["| variant | round | wall s | span s | trials | median start-up s | median server "
+             "s | each trial's start-up s | median gate wait s | measured s | load s | "
+             "efficiency | wall per trial s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         lines.append(f"| {r['variant']} | {r['round']} | {r['wall_s']:.0f} | {r['span_s']:.0f} | "
                      f"{r['complete']}/{r['trials']} | {r['startup_s']:.1f} | "
+                     f"{r['server_s']:.1f} | {', '.join(map(str, r['startups']))} | "
                      f"{r['gate_wait_s']:.1f} | {r['measured_s']:.0f} | {r['load_s']:.0f} | "
                      f"{r['efficiency']:.3f} | {r['per_trial_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def tables(runs: list[dict], old_name: str = "today", new_name: str = "start_ahead") -> str:
+    """The old and the new variant compared, run by run."""
+    lines: list[str] = []
     old = [r for r in runs if r["variant"] == old_name]
     new = [r for r in runs if r["variant"] == new_name]
-    lines += ["", f"| measure | {old_name}, median [range] | {new_name} | ratio new/old per "
+    lines += [f"| measure | {old_name}, median [range] | {new_name} | ratio new/old per "
               "round (median [range]) |", "|---|---|---|---|"]
     for key, label in (("wall_s", "wall s"), ("startup_s", "median start-up s"),
+                       ("server_s", "median server start-up s (no placement wait)"),
                        ("per_trial_s", "wall per trial s"), ("efficiency", "efficiency")):
         ratios = [n[key] / o[key] for o, n in zip(old, new)]
         lines.append(f"| {label} | {spread([r[key] for r in old])} | "
@@ -195,7 +208,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--old", choices=list(VARIANTS), default="today")
-    parser.add_argument("--new", choices=list(VARIANTS), default="start_ahead")
+    parser.add_argument("--new", choices=list(VARIANTS), nargs="+", default=["start_ahead"])
     parser.add_argument("--no-doc", action="store_true")
     parser.add_argument("--neighbour", action="store_true",
                         help="measure one server with an idle second server up vs not")
@@ -212,21 +225,21 @@ def main() -> None:
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="start-ahead-") as tmp:
         for i in range(args.rounds):
-            pair = [args.old, args.new]
-            order = pair if i % 2 == 0 else pair[::-1]
+            every = [args.old, *args.new]
+            order = every if i % 2 == 0 else every[::-1]
             for variant in order:
                 runs.append(run_one(Path(tmp), variant, i, args.trials))
                 r = runs[-1]
                 print(f"{variant} round {i}: wall {r['wall_s']:.0f} s, start-up "
                       f"{r['startup_s']:.1f} s, efficiency {r['efficiency']:.3f}", flush=True)
     runs.sort(key=lambda r: (r["round"], r["variant"]))
-    text = tables(runs, args.old, args.new)
+    text = "\n\n".join([run_table(runs), *(tables(runs, args.old, new) for new in args.new)])
     print(text)
     if not args.no_doc:
         append_section(
-            f"{args.new} against {args.old} on the CPU engine (issue #19)",
+            f"{', '.join(args.new)} against {args.old} on the CPU engine (issue #19)",
             f"`benchmarks/start_ahead.py --rounds {args.rounds} --trials {args.trials} --old "
-            f"{args.old} --new {args.new}`: the quickstart space (random sampler, seed 0, "
+            f"{args.old} --new {' '.join(args.new)}`: the quickstart space (random sampler, seed 0, "
             "baseline, no re-measurement), the two variants alternated (module docstring). "
             "Efficiency = measured load time / wall time. "
             f"Load before: `{load_before}`; after: `{uptime()}`.", text, started)

@@ -98,7 +98,7 @@ class RayLauncher:
         self._ports: set[tuple[str, int]] = set()
         self._active: dict[int, RayServer] = {}
         self._cancelled = threading.Event()
-        self._zygotes = Zygotes(self._env_for([{}])) if warm_start else None
+        self._zygotes = Zygotes(self._env_for([{}])) if warm_start and engine != "fake" else None
 
     def node_resources(self) -> list[dict[str, float]]:
         return node_resources()
@@ -192,7 +192,7 @@ class RayLauncher:
         host = self.host if self.host != "node" else info["node_ip"]
         argv = argv_for_port(host, info["port"])
         zygote = None
-        if self._zygotes is not None and self.engine != "fake" and not uses_ray_executor(argv):
+        if self._zygotes is not None and not uses_ray_executor(argv):
             try:
                 zygote = self._zygotes.on(info["node_id"])
             except BaseException:

@@ -60,8 +60,9 @@ def group_processes(group: PlacementGroup) -> list[GroupProcess]:
 
 
 def _tree(pid: int) -> list[int]:
-    """The actor `pid`, its descendants, and the process group of the server a zygote forked
-    for it (`warm_start`: those are the zygote's children, framework.engine.zygote)."""
+    """The actor `pid`, its descendants, and the server a zygote forked for it (`warm_start`:
+    the zygote forks and shims of its process group, framework.engine.zygote, with their
+    descendants, e.g. multiprocessing's resource tracker)."""
     import psutil
 
     found: list[int] = []
@@ -74,11 +75,11 @@ def _tree(pid: int) -> list[int]:
     if group is not None:
         for proc in psutil.process_iter():
             try:
-                if (os.getpgid(proc.pid) == group and proc.pid not in found
-                        and is_zygote_process(proc.cmdline())):
-                    found.append(proc.pid)
+                if os.getpgid(proc.pid) == group and is_zygote_process(proc.cmdline()):
+                    found += [proc.pid, *(p.pid for p in proc.children(recursive=True))]
             except (ProcessLookupError, psutil.Error):
                 pass
+        found = list(dict.fromkeys(found))
         group_file(pid).unlink(missing_ok=True)
     return found
 

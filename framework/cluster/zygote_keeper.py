@@ -46,31 +46,36 @@ class ZygoteKeeper:
 
 
 class Zygotes:
-    """The launcher's zygotes, one per node, started on first use. Thread-safe."""
+    """The launcher's zygotes, one per node, started on first use. Thread-safe: a trial waits
+    only for its own node's zygote."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self._env = dict(env)
         self._lock = threading.Lock()
-        self._node_locks: dict[str, threading.Lock] = {}
-        self._nodes: dict[str, tuple[ray.actor.ActorHandle, str]] = {}
+        self._nodes: dict[str, tuple[ray.actor.ActorHandle, ray.ObjectRef]] = {}
+
+    def _start(self, node_id: str) -> tuple[ray.actor.ActorHandle, ray.ObjectRef]:
+        """`node_id`'s keeper and the ref of its socket path, the zygote started if need be
+        (call with the lock held)."""
+        if node_id not in self._nodes:
+            keeper = ZygoteKeeper.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                runtime_env={"env_vars": self._env}).remote()
+            self._nodes[node_id] = (keeper, keeper.start.remote())
+        return self._nodes[node_id]
 
     def on(self, node_id: str) -> str:
-        """The socket path of `node_id`'s zygote, started (and waited for) if need be."""
+        """The socket path of `node_id`'s zygote, once it is warm."""
         with self._lock:
-            node_lock = self._node_locks.setdefault(node_id, threading.Lock())
-        with node_lock:
-            if node_id not in self._nodes:
-                keeper = ZygoteKeeper.options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                    runtime_env={"env_vars": self._env}).remote()
-                try:
-                    path = ray.get(keeper.start.remote(), timeout=WARM_TIMEOUT_S + 30)
-                except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
-                    ray.kill(keeper, no_restart=True)
-                    raise TrialError("startup_crash", f"warm_start: {exc}"[:2000]) from None
-                with self._lock:
-                    self._nodes[node_id] = (keeper, path)
-            return self._nodes[node_id][1]
+            keeper, ref = self._start(node_id)
+        try:
+            return ray.get(ref, timeout=WARM_TIMEOUT_S + 30)
+        except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+            with self._lock:
+                if self._nodes.get(node_id, (None,))[0] is keeper:
+                    del self._nodes[node_id]
+            ray.kill(keeper, no_restart=True)
+            raise TrialError("startup_crash", f"warm_start: {exc}"[:2000]) from None
 
     def close(self) -> None:
         """Kill every keeper (and so its zygote)."""

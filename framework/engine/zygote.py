@@ -167,6 +167,17 @@ def _child(req: dict, fds: list[int], close: Sequence[socket.socket], zygote_pat
         os._exit(code)
 
 
+def _claim_process_title() -> None:
+    """Let setproctitle find argv's memory now, while `environ` still lies after it: it gives
+    up once the environment has been rewritten (as each fork's is), and vLLM names its
+    processes through it (vllm/utils/system_utils.py `set_process_title`: VLLM::EngineCore)."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(setproctitle.getproctitle())
+
+
 def worker_modules() -> tuple[str, ...]:
     from vllm.platforms import current_platform
 
@@ -191,6 +202,7 @@ def serve_forever(path: str) -> None:
     from framework.engine import vllm_server
     from framework.engine import zygote_shim
 
+    _claim_process_title()
     vllm_server.use_millisecond_log([])
     preload(PRELOAD)
     preload(worker_modules())
@@ -263,9 +275,12 @@ def group_file(actor_pid: int) -> Path:
 
 
 def is_zygote_process(cmdline: Sequence[str]) -> bool:
-    """A fork of a zygote (its command line) or a shim: what a served group may hold. A stale
-    group file then cannot name another program's processes."""
+    """A fork of a zygote (its command line, or the title vLLM gave it: `VLLM::EngineCore`,
+    vllm/utils/system_utils.py `set_process_title`) or a shim: what a served group may hold.
+    A stale group file then cannot name another program's processes."""
+    prefix = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
     return ("framework.engine.zygote" in cmdline
+            or bool(cmdline) and cmdline[0].startswith(prefix)
             or any(arg.endswith(SHIM_NAME) for arg in cmdline))
 
 

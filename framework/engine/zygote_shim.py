@@ -99,7 +99,8 @@ def read_replies(sock: socket.socket, on_pid: Callable[[int], None] = lambda pid
 def exit_as(code: int) -> None:
     """End this process as the child ended: its exit code, or death by its signal."""
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code & 0xFF)
 

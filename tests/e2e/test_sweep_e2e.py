@@ -59,8 +59,8 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
         # of them waited, ready, while the other was measured (share_gate's rule, unit-tested).
         assert tuned["started_at"] < baseline["started_at"] + pd.Timedelta(seconds=baseline["trial_s"])
         assert trials["gate_wait_s"].max() > 0.5, trials[["gate_wait_s", "startup_s", "bench_s"]]
-        # Start-up levers are GPU-only: inert on the CPU engine, and their flags absent.
-        assert [list(v) for v in trials["startup_levers"]] == [[], []]
+        # On the CPU engine the one lever is warm_start (its default); the GPU ones add no flag.
+        assert [list(v) for v in trials["startup_levers"]] == [["warm_start"], ["warm_start"]]
         assert "--max-cudagraph-capture-size" not in list(tuned["vllm_argv"])
         # The baseline passes none of the tuned flags; the tuned trial passes all four.
         assert "--max-num-seqs" not in list(baseline["vllm_argv"])

@@ -1,0 +1,142 @@
+"""The warm_start lever's parts that need no vLLM (framework/engine/zygote.py, zygote_shim.py):
+reading spawn's command line, the request and reply protocol over a real Unix socket pair,
+fd placement, exiting as the child did, which processes a served group may hold, and the
+CPU engine's default levers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from multiprocessing import spawn
+
+import pytest
+import yaml
+
+from framework.config.specs import GPU_LEVERS
+from framework.config.specs import SweepSpec
+from framework.engine.zygote import is_zygote_process
+from framework.engine.zygote import place_fds
+from framework.engine.zygote import recv_request
+from framework.engine.zygote_shim import SHIM_NAME
+from framework.engine.zygote_shim import open_fds
+from framework.engine.zygote_shim import read_replies
+from framework.engine.zygote_shim import send_request
+from framework.engine.zygote_shim import spawn_args
+from tests.helpers import ROOT
+
+
+def _spawn_line(**kwargs) -> list[str]:
+    """What multiprocessing's spawn runs, minus the interpreter (Lib/multiprocessing/spawn.py)."""
+    return spawn.get_command_line(**kwargs)[1:]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (_spawn_line(tracker_fd=5, pipe_handle=7), {"pipe_handle": 7, "tracker_fd": 5}),
+    (_spawn_line(pipe_handle=9), {"pipe_handle": 9, "tracker_fd": None}),
+    (["-B", *_spawn_line(tracker_fd=4, pipe_handle=6)], {"pipe_handle": 6, "tracker_fd": 4}),
+    # the resource tracker (Lib/multiprocessing/resource_tracker.py): run by the real Python
+    (["-c", "from multiprocessing.resource_tracker import main;main(5)"], None),
+    (["-m", "framework.engine.zygote", "/tmp/x.sock"], None),
+    ([], None),
+])
+def test_spawn_args(argv, expected):
+    assert spawn_args(argv) == expected
+
+
+def test_request_round_trip_carries_fds_and_a_large_header():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    header = {"kind": "spawn", "env": {f"V{i}": "x" * 100 for i in range(500)}, "targets": [9]}
+    try:
+        send_request(a, header, [r])
+        got, fds = recv_request(b)
+        assert got == header and len(fds) == 1
+        os.write(w, b"ok")
+        assert os.read(fds[0], 2) == b"ok"  # the same pipe, under another number
+        os.close(fds[0])
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize(("chunks", "code", "pids"), [
+    ([b"pid 42\nexit 3\n"], 3, [42]),
+    ([b"pi", b"d 42\nex", b"it -15\n"], -15, [42]),
+    ([b"pid 42\n"], -int(signal.SIGKILL), [42]),  # the zygote died first
+    ([], -int(signal.SIGKILL), []),
+])
+def test_read_replies(chunks, code, pids):
+    a, b = socket.socketpair()
+    for chunk in chunks:
+        a.sendall(chunk)
+    a.close()
+    seen: list[int] = []
+    assert read_replies(b, seen.append) == code and seen == pids
+    b.close()
+
+
+def test_place_fds_survives_a_target_that_is_another_source():
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    # r1 must become r2's number and r2 must become 200: a naive dup2 would clobber r2 first
+    place_fds([r1, r2], [r2, 200])
+    try:
+        os.write(w1, b"1")
+        os.write(w2, b"2")
+        assert os.read(r2, 1) == b"1" and os.read(200, 1) == b"2"
+        assert os.get_inheritable(200)
+        with pytest.raises(OSError):
+            os.fstat(r1)
+    finally:
+        for fd in (r2, 200, w1, w2):
+            os.close(fd)
+
+
+def test_open_fds_lists_fds_a_spawned_process_was_given_and_leaves_out_exclusions():
+    r, w = os.pipe()
+    try:
+        found = open_fds(exclude=(w,))
+        assert {0, 1, 2, r} <= set(found) and w not in found
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.parametrize("code", [0, 3, -int(signal.SIGTERM), -int(signal.SIGKILL)])
+def test_the_shim_exits_as_its_child_did(code):
+    done = subprocess.run([sys.executable, "-c", "from framework.engine.zygote_shim import "
+                           f"exit_as; exit_as({code})"], cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == code
+
+
+@pytest.mark.parametrize(("cmdline", "ours"), [
+    ([sys.executable, "-m", "framework.engine.zygote", "/tmp/vsweep-zygote-1/zygote.sock"], True),
+    (["/usr/bin/python3", f"/tmp/vsweep-zygote-1/{SHIM_NAME}", "-c", "x",
+      "--multiprocessing-fork"], True),
+    (["VLLM::EngineCore", "", ""], True),  # vLLM's title over the fork's argv
+    (["VLLM::Worker"], True),
+    (["sleep", "100"], False),
+    (["python", "VLLM::x"], False),
+    ([sys.executable, "-m", "framework.engine.serve_process", "--model", "m"], False),
+    ([], False),
+])
+def test_a_served_group_holds_only_zygote_forks_and_shims(cmdline, ours):
+    assert is_zygote_process(cmdline) is ours
+
+
+@pytest.mark.parametrize(("engine", "server", "levers"), [
+    ("cpu", {}, ("warm_start",)),
+    ("cpu", {"startup_levers": []}, ()),
+    ("gpu", {}, GPU_LEVERS),
+    ("gpu", {"startup_levers": ["warm_start"]}, ("warm_start",)),
+])
+def test_default_levers_follow_the_engine(engine, server, levers):
+    doc = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
+    doc["engine"] = engine
+    doc["server"] = {**doc["server"], **server}
+    assert SweepSpec.model_validate(doc).server.startup_levers == levers
