@@ -218,7 +218,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                   if spec.server.reuse else 1, spec.search.screen,
                                   spec.cluster.start_ahead,
                                   plan.remeasurements(spec.search.confirm_top, spec.search.baseline,
-                                                      spec.search.baseline_repeats))
+                                                      spec.search.baseline_repeats),
+                                  warm="warm_start" in spec.server.startup_levers
+                                  and spec.engine in ("cpu", "gpu"))
     print(f"sweep {spec.name}: {len(space.parameters)} parameters, "
           f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}")
     if share is None:

@@ -60,6 +60,12 @@ SAMPLE_SIZE = 2_000
 DEFAULTS_S = {"cpu": {"startup": 30.0, "warmup": 3.0, "bench": 10.0, "overhead": 3.0},
               "gpu": {"startup": 180.0, "warmup": 10.0, "bench": 60.0, "overhead": 5.0},
               "fake": {"startup": 2.0, "warmup": 0.5, "bench": 5.0, "overhead": 2.0}}
+# With the warm_start lever (framework/engine/zygote.py), without history: a fresh server's
+# start-up, and the zygote's own, paid once per node before the first server (CPU measured
+# here, docs/BENCHMARKS.md "warm_start against today"; GPU unmeasured: the imports saved are
+# small next to weights and graphs, so its default stays).
+WARM_STARTUP_S = {"cpu": 8.0}
+ZYGOTE_S = {"cpu": 11.0, "gpu": 11.0}
 
 
 def configurations(space: SearchSpace) -> Iterator[dict[str, Scalar]]:
@@ -158,6 +164,7 @@ class TimeEstimate:
     start_ahead: int = 0
     startup_phases: Mapping[str, float] = field(default_factory=dict)  # seconds, by column
     screen: str = ""  # how screening shaped `bench`, for the printout
+    zygote_s: float = 0.0  # warm_start: the zygote's start, once, before the first server
 
     @property
     def startup_wall_s(self) -> float:
@@ -175,7 +182,8 @@ class TimeEstimate:
         rest = self.trials * sum(v for k, v in per.items() if k != "startup")
         # start-ahead measures one trial at a time (trial.share_gate); else trials side by side
         # run on devices of their own
-        return self.startup_wall_s + rest / (1 if self.start_ahead else max(1, self.side_by_side))
+        return (self.zygote_s + self.startup_wall_s
+                + rest / (1 if self.start_ahead else max(1, self.side_by_side)))
 
     def lines(self) -> list[str]:
         """The printout: the formula with its numbers, the start-up by phase, screening."""
@@ -189,6 +197,8 @@ class TimeEstimate:
         else:
             head = (f"({self.starts} server starts x {per['startup']:.0f} s + {self.trials} "
                     f"trials x ({rest})) / {self.side_by_side} side by side")
+        if self.zygote_s:
+            head = f"zygote {self.zygote_s:.0f} s + {head}"
         out = [f"  time: {head} = ~{self.total_s / 60:.0f} min ({self.source})"]
         if self.startup_phases:
             out.append("    start-up by phase: " + ", ".join(
@@ -209,7 +219,7 @@ def remeasurements(confirm_top: int, baseline: bool, baseline_repeats: int) -> i
 
 def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
                   side_by_side: int, runs_per_server: int = 1, screen: float | None = None,
-                  start_ahead: int = 0, remeasured: int = 0) -> TimeEstimate:
+                  start_ahead: int = 0, remeasured: int = 0, warm: bool = False) -> TimeEstimate:
     """Phase means of the finished trials of this sweep (results.queries.phase_means), else
     DEFAULTS_S for the engine (also for a phase no trial measured).
 
@@ -217,13 +227,19 @@ def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
     full run for the share that survives it (history's screen_survival, else
     SCREEN_SURVIVAL); history's bench mean, of COMPLETE trials, held both: full = bench /
     (1 + f). `start_ahead`: see TimeEstimate.startup_wall_s. `remeasured` (`remeasurements`):
-    trials added to n_trials, each starting its own server."""
+    trials added to n_trials, each starting its own server. `warm` (the warm_start lever
+    applies): without history, WARM_STARTUP_S per server and ZYGOTE_S once (a sweep's
+    history holds the zygote's start in its first trials' start-ups)."""
     starts = math.ceil(n_trials / max(1, runs_per_server)) + remeasured
     base = dict(DEFAULTS_S[engine])
     phases: Mapping[str, float] = {}
     survival = SCREEN_SURVIVAL
+    zygote = 0.0
+    if warm:
+        base["startup"] = WARM_STARTUP_S.get(engine, base["startup"])
     if history is None:
-        per, source = base, f"defaults for the {engine} engine"
+        per, source = base, f"defaults for the {engine} engine" + (", warm_start" if warm else "")
+        zygote = ZYGOTE_S.get(engine, 0.0) if warm else 0.0
     else:
         measured = {"startup": history.startup, "warmup": history.warmup,
                     "bench": history.bench, "overhead": history.overhead}
@@ -239,4 +255,4 @@ def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
         note = (f"load {full:.0f} s x ({screen:g} screen + {survival:.0%} surviving) = "
                 f"{per['bench']:.0f} s per trial")
     return TimeEstimate(per, source, n_trials + remeasured, side_by_side, starts, start_ahead,
-                        phases, note)
+                        phases, note, zygote)

@@ -200,3 +200,18 @@ def test_remeasurements_add_fresh_trials(confirm_top, baseline, repeats, extra):
     est = time_estimate(None, "cpu", n_trials=10, side_by_side=1, remeasured=extra)
     assert (est.trials, est.starts) == (10 + extra, 10 + extra)
     assert est.total_s == pytest.approx((10 + extra) * (30 + 3 + 10 + 3))
+
+
+@pytest.mark.parametrize(("engine", "warm", "startup", "zygote"), [
+    ("cpu", False, 30.0, 0.0),
+    ("cpu", True, 8.0, 11.0),
+    # GPU: the zygote's start is counted, the per-server default kept (imports are small there)
+    ("gpu", True, 180.0, 11.0),
+])
+def test_warm_start_changes_the_default_start_up_and_adds_the_zygote_once(
+        engine, warm, startup, zygote):
+    est = time_estimate(None, engine, n_trials=4, side_by_side=1, warm=warm)
+    assert est.per_trial_s["startup"] == startup and est.zygote_s == zygote
+    cold = time_estimate(None, engine, n_trials=4, side_by_side=1)
+    assert est.total_s - cold.total_s == pytest.approx(zygote + 4 * (startup - cold.per_trial_s["startup"]))
+    assert est.lines()[0].startswith(f"  time: zygote {zygote:.0f} s + " if warm else "  time: (")
