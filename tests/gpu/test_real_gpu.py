@@ -7,7 +7,9 @@ devices, here on real ones:
   vLLM's free-memory check at start-up);
 - a TP=2 trial starts;
 - PP=2 across two nodes, where the cluster has two GPU nodes;
-- the opt-in `fork_start` lever: vLLM forks its EngineCore instead of spawning it.
+- the opt-in `fork_start` lever: vLLM forks its EngineCore instead of spawning it;
+- the opt-in `warm_start` lever on a GPU: two warm trials, one after the other, both complete on
+  the GPU and the second one's start-up is shorter than the first (which waited for the zygote).
 The model is $VLLM_SWEEP_GPU_MODEL, else the tiny local Llama (`make model`).
 """
 
@@ -88,6 +90,19 @@ def test_fork_start_lets_vllm_fork(short_tmp):
     log = next((short_tmp / "results" / "forked" / "logs").glob("trial-*.log")).read_text()
     assert "In a Ray actor and can only be spawned" not in log
     assert "Starting to load model" in log
+
+
+@pytest.mark.timeout(3600)
+def test_warm_start_on_a_gpu(short_tmp):
+    """Forks of the zygote (which never touched CUDA) take the actor's CUDA_VISIBLE_DEVICES."""
+    trials = _run(short_tmp, _sweep(short_tmp, "warm", {"max-num-seqs": {
+        "type": "categorical", "choices": [16, 32]}}, 2, 1,
+        startup_levers=["warm_start", "compile_cache"]), "warm")
+    assert (trials["state"] == "COMPLETE").all(), trials[["fail_reason", "fail_detail"]]
+    assert all("warm_start" in list(levers) for levers in trials["startup_levers"])
+    assert trials["startup_s"].iloc[1] < trials["startup_s"].iloc[0]
+    log = next((short_tmp / "results" / "warm" / "logs").glob("trial-*.log")).read_text()
+    assert "Starting to load model" in log and "cuda" in log.lower()
 
 
 @pytest.mark.timeout(3600)
