@@ -183,22 +183,16 @@ class RayLauncher:
             info = claim_port(self._ports, self._lock, lambda taken: ray.get(
                 actor.prepare.remote(self.host, taken), timeout=300))
             placement = _bundle_nodes(group)
+            if self.read_ahead:
+                start_read_ahead(self.read_ahead, info["node_id"])
+            host = self.host if self.host != "node" else info["node_ip"]
+            argv = argv_for_port(host, info["port"])
+            zygote = (self._zygotes.on(info["node_id"])
+                      if self._zygotes is not None and not uses_ray_executor(argv) else None)
         except BaseException:
             ray.kill(actor, no_restart=True)
             remove_placement_group(group)
             raise
-        if self.read_ahead:
-            start_read_ahead(self.read_ahead, info["node_id"])
-        host = self.host if self.host != "node" else info["node_ip"]
-        argv = argv_for_port(host, info["port"])
-        zygote = None
-        if self._zygotes is not None and not uses_ray_executor(argv):
-            try:
-                zygote = self._zygotes.on(info["node_id"])
-            except BaseException:
-                ray.kill(actor, no_restart=True)
-                remove_placement_group(group)
-                raise
         ref = actor.serve.remote(argv, info["log_path"], self.engine, self._secret_env,
                                  str(log_path), self.fork_start, zygote)
         server = RayServer(actor=actor, group=group, serve_ref=ref,
