@@ -14,6 +14,7 @@ import time
 
 import duckdb
 import pandas as pd
+import psutil
 import pytest
 import yaml
 
@@ -94,7 +95,9 @@ def test_kill_9_of_the_driver_then_resume(tiny_model, short_tmp):
     try:
         seen = read_until(proc, "trial 1: starting server", timeout_s=400)
         assert "trial 1: starting server" in seen, seen
-        time.sleep(6)  # trial 1's server actor is up, vLLM is starting
+        # kill while trial 1's vLLM is starting: its EngineCore exists, the server is not ready
+        # (a warm start is ~5 s, so a fixed sleep can outlast the whole trial)
+        assert _new_engine_core(marker, _engine_cores(marker), timeout_s=120), seen
         os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its Ray and vLLM are orphaned
         proc.wait(timeout=30)
     finally:
@@ -119,3 +122,23 @@ def test_kill_9_of_the_driver_then_resume(tiny_model, short_tmp):
     assert all(name.startswith("trial-") for name in visible), visible
     assert not (short_tmp / "results" / "resume" / "driver.json").exists()
     assert wait_no_marked_processes(marker, timeout_s=30) == []
+
+
+def _engine_cores(marker: str) -> set[int]:
+    found = set()
+    for p in marked_processes(marker):
+        try:
+            if "EngineCore" in " ".join(p.cmdline()):
+                found.add(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _new_engine_core(marker: str, before: set[int], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _engine_cores(marker) - before:
+            return True
+        time.sleep(0.2)
+    return False
