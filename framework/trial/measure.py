@@ -133,7 +133,12 @@ class SlaBroken(Exception):
 
 
 class OverSaturated(SlaBroken):
-    """Raised from a finished request's callback: the run's queue grows without bound."""
+    """Raised from a finished request's callback: the run's queue grows without bound, as
+    `verdict` judged (the row keeps this verdict, not a later look at newer samples)."""
+
+    def __init__(self, verdict: SaturationVerdict) -> None:
+        super().__init__(f"{OVER_SATURATED}: {verdict.text()}")
+        self.verdict = verdict
 
 
 class Measurement:
@@ -180,7 +185,7 @@ class Measurement:
             raise SlaBroken(why)
         if self.watch is not None and self.watch.settings.enabled and (
                 verdict := self.watch.check()).saturated:
-            raise OverSaturated(f"{OVER_SATURATED}: {verdict.text()}")
+            raise OverSaturated(verdict)
 
     def _broken(self) -> str | None:
         for name, limits in by_class(self._guard).items():
@@ -204,12 +209,14 @@ class Measurement:
         self._records = []
         return step
 
-    def finish_early(self, why: str) -> tuple[LoadStep, LoadResult]:
-        """End the run in progress with the requests finished so far."""
+    def finish_early(self, why: str, verdict: SaturationVerdict | None = None
+                     ) -> tuple[LoadStep, LoadResult]:
+        """End the run in progress with the requests finished so far; `verdict`: the one that
+        stopped it (else the watch's latest)."""
         now = time.perf_counter()
         records = tuple(sorted(self._records, key=lambda r: r.index))
         step = LoadStep(self._rate, self._start_s, records, stopped=why, arrivals=self._arrivals,
-                        saturation=self._verdict())
+                        saturation=verdict or self._verdict())
         self.steps.append(step)
         self._records = []
         return step, LoadResult(records=records, start_s=self._start_s, end_s=now,
@@ -254,6 +261,8 @@ def _guarded_run(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
     guard stopped comes back with the requests finished so far and `step.stopped` set."""
     try:
         result = run_once(base_url, plan, requests, arrivals, m, deadline, doing, duration_s)
+    except OverSaturated as flooded:
+        return m.finish_early(str(flooded), flooded.verdict)
     except SlaBroken as broken:
         return m.finish_early(str(broken))
     return m.finish(result), result

@@ -11,6 +11,7 @@ import pytest
 from framework.engine.server_metrics import WAITING
 from framework.engine.server_metrics import Sample
 from framework.load.loadgen import RequestRecord
+from framework.trial import measure
 from framework.trial.measure import Measurement
 from framework.trial.measure import OverSaturated
 from framework.trial.saturation import SaturationSettings
@@ -139,6 +140,30 @@ def test_a_watched_run_stops_when_over_saturated_and_keeps_its_evidence():
     row = saturation_values([None, step.saturation])
     assert row["saturated"] is True and row["saturation_slope"] == pytest.approx(6.0)
     assert row["saturation_samples"] == 16 and row["saturation_at_s"] == pytest.approx(15.0)
+
+
+def test_the_row_keeps_the_verdict_that_stopped_the_run(monkeypatch):
+    """Samples that arrive after the stop (the queue draining as the run is cut) do not
+    overwrite the evidence: the step keeps the saturated verdict that raised (CI saw a row with
+    `saturated` False under a stop reading "over-saturated")."""
+    clock = FakeClock()
+    held: list[Sample] = []
+    m = Measurement()
+    m.watch = SaturationWatch(lambda: held, S, clock)
+
+    def run_once(base_url, plan, requests, arrivals, on_done, deadline, doing, duration_s):
+        held.extend(_samples(clock, clock.now, [3 * (i + 1) for i in range(30)]))  # +6/s
+        try:
+            on_done(_record(0))
+        finally:  # a flat later half arrives before the step is written
+            held.extend(Sample(clock.now + 15 + 0.5 * i, {WAITING: 0.0}) for i in range(1, 60))
+
+    monkeypatch.setattr(measure, "run_once", run_once)
+    m.begin(2.0, None, total=100)
+    step, _ = measure._guarded_run("http://unused", None, [], None, m, None, "measuring")
+    assert not m._verdict().saturated  # what a second look would have recorded
+    assert step.stopped.startswith("over-saturated") and step.saturation.saturated
+    assert step.saturation.slope == pytest.approx(6.0)
 
 
 def test_a_disabled_watch_records_but_never_stops():
