@@ -34,7 +34,9 @@ wake-up) and receive lag (-> the client's first-token stamp), means over the mat
 requests. Besides each table's median over runs [min-max], the pooled medians: every
 request of every run of a client at a speed-up pooled (client TTFT and TPOT per request, TPOT
 = sum of its ITLs / (output tokens - 1) as vLLM's; the server's from its histogram deltas
-summed over the runs), and the server's median TPOT by client and by place in the pair.
+summed over the runs), the paired differences (benchmarks/paired.py: per pair ours / vllm
+bench - 1, their median with a 95% CI), and the server's median TPOT by client and by place
+in the pair.
 Appends the tables to docs/BENCHMARKS.md.
 
 --pin separates client and server on this 2-core machine: the server (API server, engine
@@ -64,6 +66,7 @@ try:
     from loadgen_parity import MODEL
     from loadgen_parity import VllmServer
     from loadgen_parity import run_timed
+    from paired import paired_table
     from parity import OURS_ENTRY
     from parity import VLLM_ENTRY
     from parity import decompose
@@ -77,6 +80,7 @@ except ModuleNotFoundError:  # imported as benchmarks.trace_parity
     from benchmarks.loadgen_parity import MODEL
     from benchmarks.loadgen_parity import VllmServer
     from benchmarks.loadgen_parity import run_timed
+    from benchmarks.paired import paired_table
     from benchmarks.parity import OURS_ENTRY
     from benchmarks.parity import VLLM_ENTRY
     from benchmarks.parity import decompose
@@ -104,6 +108,10 @@ CLIENTS = ("vllm bench serve", "vllm-sweep bench")
 SERVER_CPUS, CLIENT_CPUS = frozenset({0}), frozenset({1})
 TRACE = ROOT / "datasets" / "mooncake_sample.jsonl"
 TRACE_MS = 0.001  # the sample's timestamps are milliseconds
+PAIRED = (("median_ttft_ms", "client's median TTFT", True),
+          ("median_tpot_ms", "client's median TPOT", True),
+          ("server_median_ttft_ms", "server's median TTFT", False),
+          ("server_median_tpot_ms", "server's median TPOT", False))
 
 
 def workload(args: argparse.Namespace, speed_up: float) -> list[str]:
@@ -373,6 +381,8 @@ def main() -> int:
         section += [f"Speed-up {speed:g}x:", "",
                     *speed_table([r for r in rows if r["speed_up"] == speed]), "",
                     *pooled_table([r for r in rows if r["speed_up"] == speed]), "",
+                    *paired_table([r for r in rows if r["speed_up"] == speed], CLIENTS, PAIRED),
+                    "",
                     *slot_table([r for r in rows if r["speed_up"] == speed]), ""]
     section += ["Targets:", "", *verdicts(rows), ""]
     text = "\n".join(section)

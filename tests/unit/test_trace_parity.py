@@ -13,6 +13,9 @@ import sys
 import pytest
 
 from benchmarks.loadgen_parity import placement
+from benchmarks.paired import median_ci
+from benchmarks.paired import pair_differences
+from benchmarks.paired import paired_table
 from benchmarks.trace_parity import CLIENTS
 from benchmarks.trace_parity import lateness_ms
 from benchmarks.trace_parity import pooled_median_ms
@@ -115,3 +118,30 @@ def test_pooled_median_sums_the_runs_buckets() -> None:
 def test_aa_pair_diffs_compare_each_second_run_with_its_first() -> None:
     rows = [{"k": 2.0}, {"k": 3.0}, {"k": 4.0}, {"k": 2.0}, {"k": 9.0}]  # the odd run is unpaired
     assert pair_diffs(rows, "k") == [50.0, -50.0]
+
+
+@pytest.mark.parametrize(("n", "k"), [(5, 0), (6, 1), (10, 2), (16, 4), (20, 6)])
+def test_median_ci_takes_the_order_statistics_of_the_binomial_tail(n, k) -> None:
+    """k = values cut from each end; the tail below k holds <= 2.5% (Conover 3.2): n = 6
+    keeps x(1)..x(6) (P(B=0) = 1.6%), n = 10 x(2)..x(9) (P(B<=1) = 1.1%, P(B<=2) = 5.5%)."""
+    values = [float(v) for v in range(n, 0, -1)]
+    mid, lo, hi = median_ci(values)
+    assert mid == (n + 1) / 2
+    if k == 0:
+        assert (lo, hi) == (-math.inf, math.inf)
+    else:
+        assert (lo, hi) == (float(k), float(n + 1 - k))
+
+
+def test_paired_table_compares_within_each_pair_and_judges_the_median() -> None:
+    """Drift between pairs (the server 2x slower in pair 2) cancels: ours is 5% above vllm
+    bench in every pair, so the median is +5% whatever the level."""
+    rows = []
+    for pair, level in enumerate([10.0, 10.0, 20.0, 10.0, 11.0, 9.0]):
+        rows += [{"pair": pair, "client": CLIENTS[0], "k": level},
+                 {"pair": pair, "client": CLIENTS[1], "k": level * 1.05}]
+    assert pair_differences(rows, "k", CLIENTS) == pytest.approx([0.05] * 6)
+    line = paired_table(rows, CLIENTS, [("k", "metric", True)])[2]
+    assert "+5.0% [+5.0% .. +5.0%]" in line and "6 of 6" in line and "met, CI inside" in line
+    rows[1]["k"] = rows[3]["k"] = rows[5]["k"] = 100.0  # 3 pairs far off: the median moves
+    assert "MISSED" in paired_table(rows, CLIENTS, [("k", "metric", True)])[2]
