@@ -42,7 +42,12 @@ class ZygoteKeeper:
                 tail = (folder / "zygote.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"the zygote did not get warm: {tail}")
             time.sleep(0.1)
+        self._path = path
         return path
+
+    def alive(self) -> bool:
+        """The zygote still runs and listens (the OOM killer, or a user, may have ended it)."""
+        return self._proc.poll() is None and os.path.exists(self._path)
 
 
 class Zygotes:
@@ -65,17 +70,35 @@ class Zygotes:
         return self._nodes[node_id]
 
     def on(self, node_id: str) -> str:
-        """The socket path of `node_id`'s zygote, once it is warm."""
-        with self._lock:
-            keeper, ref = self._start(node_id)
-        try:
-            return ray.get(ref, timeout=WARM_TIMEOUT_S + 30)
-        except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+        """The socket path of `node_id`'s zygote, once it is warm; a zygote found dead (or its
+        keeper) is started again, once. A zygote that cannot get warm fails the trial
+        (TrialError startup_crash)."""
+        why = ""
+        for attempt in (1, 2):
             with self._lock:
-                if self._nodes.get(node_id, (None,))[0] is keeper:
-                    del self._nodes[node_id]
-            ray.kill(keeper, no_restart=True)
-            raise TrialError("startup_crash", f"warm_start: {exc}"[:2000]) from None
+                keeper, ref = self._start(node_id)
+            try:
+                path = ray.get(ref, timeout=WARM_TIMEOUT_S + 30)
+            except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+                self._forget(node_id, keeper)
+                raise TrialError("startup_crash", f"warm_start: {exc}"[:2000]) from None
+            try:
+                if ray.get(keeper.alive.remote(), timeout=60):
+                    return path
+                why = "the zygote had died"
+            except Exception as exc:  # noqa: BLE001 - the keeper died: start both again
+                why = f"its keeper had died ({type(exc).__name__})"
+            self._forget(node_id, keeper)
+            if attempt == 1:
+                print(f"warm_start: node {node_id[:8]}: {why}; starting another", flush=True)
+        raise TrialError("startup_crash", f"warm_start: {why}, twice")
+
+    def _forget(self, node_id: str, keeper: ray.actor.ActorHandle) -> None:
+        """Drop and kill `keeper` (unless another trial already replaced it)."""
+        with self._lock:
+            if self._nodes.get(node_id, (None,))[0] is keeper:
+                del self._nodes[node_id]
+        ray.kill(keeper, no_restart=True)
 
     def close(self) -> None:
         """Kill every keeper (and so its zygote)."""

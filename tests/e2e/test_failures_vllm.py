@@ -4,7 +4,8 @@
 - out of KV cache memory at start-up: FAIL(oom_at_startup);
 - kill -9 of the driver mid-sweep, then the same `run` again: the study continues, the
   interrupted trial is recorded once as FAIL(interrupted), no row is duplicated or lost, no
-  partial Parquet file is visible, and no process of either run remains."""
+  partial Parquet file is visible, and no process of either run remains;
+- the node's warm zygote killed mid-sweep: the next trial starts another."""
 
 from __future__ import annotations
 
@@ -123,6 +124,53 @@ def test_kill_9_of_the_driver_then_resume(tiny_model, short_tmp):
     assert not (short_tmp / "results" / "resume" / "driver.json").exists()
     assert wait_no_marked_processes(marker, timeout_s=30) == []
 
+
+
+@pytest.mark.timeout(900)
+def test_a_zygote_killed_mid_sweep_is_started_again(tiny_model, short_tmp):
+    """The node's warm zygote is killed (as by the OOM killer) while trial 0 is under load:
+    trial 0's server, forked from it, dies with it (FAIL server_died) or finishes first; trial 1
+    finds the zygote dead, starts another, completes, still warm_start, and the new zygote
+    ends with the sweep."""
+    marker = new_marker()
+    env = cli_env(marker, short_tmp)
+    sweep = write_sweep(short_tmp, tiny_model, n_trials=2, name="zygote")
+    with cli_process(["run", str(sweep)], short_tmp, env) as proc:
+        seen = read_until(proc, "trial 0: under load", timeout_s=400)
+        assert "trial 0: under load" in seen, seen
+        old = _zygotes(proc.pid)
+        assert len(old) == 1, old
+        old[0].kill()
+        old[0].wait(timeout=30)
+        seen += read_until(proc, "trial 1: under load", timeout_s=400)
+        new = _zygotes(proc.pid)
+        assert len(new) == 1 and new[0].pid != old[0].pid, (new, seen[-3000:])
+        out, _ = proc.communicate(timeout=600)
+        seen += out
+    assert proc.returncode == 0, seen[-3000:]
+    assert "the zygote had died; starting another" in seen, seen[-3000:]
+    trials = read_trials(short_tmp / "results", "zygote")
+    first, second = trials.iloc[0], trials.iloc[1]
+    assert first["state"] == "COMPLETE" or first["fail_reason"] == "server_died", first
+    assert second["state"] == "COMPLETE", second["fail_detail"]
+    assert list(second["startup_levers"]) == ["warm_start"]
+    new[0].wait(timeout=30)  # it died with its keeper (psutil.TimeoutExpired if not)
+    assert wait_no_marked_processes(marker) == []
+
+
+def _zygotes(driver_pid: int) -> list[psutil.Process]:
+    """The driver's zygotes (its Ray's keeper actors' children), not their forks, which keep
+    the zygote's command line. Found by descent: setproctitle, which the zygote calls, hides
+    its environment (and so the test marker) from /proc."""
+    found = []
+    for p in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            if "framework.engine.zygote" in " ".join(p.cmdline()) and \
+                    "framework.engine.zygote" not in " ".join(p.parent().cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 def _engine_cores(marker: str) -> set[int]:
     found = set()
