@@ -78,6 +78,15 @@ def wait_no_marked_processes(marker: str, timeout_s: float = 45.0) -> list[str]:
     return described
 
 
+def vsweep_leftovers(tmp: Path) -> list[str]:
+    """What vllm-sweep's processes left in the temp dir `tmp` (cli_env's TMPDIR) after a run:
+    every `vsweep-*` entry and file in `vsweep-logs/` but the folder itself and the one shared
+    logging config (vllm_server.use_millisecond_log) per user and content."""
+    shared = f"vsweep-logging-{os.getuid()}-"
+    return sorted(p.name for p in [*tmp.glob("vsweep-*"), *tmp.glob("vsweep-logs/*")]
+                  if p.name != "vsweep-logs" and not p.name.startswith(shared))
+
+
 def cli_env(marker: str, tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({MARKER_VAR: marker, "TMPDIR": str(tmp), "RAY_AUTH_MODE": "disabled",

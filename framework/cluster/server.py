@@ -152,14 +152,17 @@ def _read_tail(path: str, start: int) -> tuple[bytes, int]:
         return b"", start
 
 
-def _remove(path: str) -> None:
-    Path(path).unlink(missing_ok=True)
+def _remove_files(*paths: str) -> None:
+    """Node-local files of a stopped server: its log (copied to the driver) and its control
+    socket (a server killed outright cannot remove it)."""
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
 
 
 _stop_tree_remote = ray.remote(num_cpus=0)(_stop_tree)
 _await_exit_remote = ray.remote(num_cpus=0)(_await_exit)
 _read_tail_remote = ray.remote(num_cpus=0)(_read_tail)
-_remove_remote = ray.remote(num_cpus=0)(_remove)
+_remove_files_remote = ray.remote(num_cpus=0)(_remove_files)
 _send_remote = ray.remote(num_cpus=0)(control.send)
 
 
@@ -283,7 +286,7 @@ class RayServer:
         left += self._reap_group(members)
         self.fetch_log()
         try:
-            on_node(self.node_id, _remove_remote, self.node_log)
+            on_node(self.node_id, _remove_files_remote, self.node_log, self.control_path)
         except Exception:  # noqa: BLE001 - the node died: its temp dir goes with it
             pass
         self.released_at = time.time()

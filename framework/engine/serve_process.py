@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,14 +75,15 @@ def failure_of(returncode: int, result: str) -> TrialError | None:
 
 def serve_with(start: Callable[[dict[str, str]], int]) -> None:
     """Run a server process through `start(env)` (returns its exit code when it has ended),
-    with a result file in `env`; raise the process's TrialError, if any."""
-    fd, result_path = tempfile.mkstemp(prefix="vsweep-serve-", suffix=".json")
-    os.close(fd)
+    with a result file named in `env`; raise the process's TrialError, if any. The file exists
+    only once a failing server wrote it, so an actor killed mid-serve leaves nothing behind."""
+    result = Path(tempfile.gettempdir()) / f"vsweep-serve-{uuid.uuid4().hex}.json"
     try:
-        returncode = start({**os.environ, RESULT_VAR: result_path})
-        failure = failure_of(returncode, Path(result_path).read_text(encoding="utf-8"))
+        returncode = start({**os.environ, RESULT_VAR: str(result)})
+        failure = failure_of(returncode, result.read_text(encoding="utf-8")
+                             if result.exists() else "")
     finally:
-        Path(result_path).unlink(missing_ok=True)
+        result.unlink(missing_ok=True)
     if failure is not None:
         raise failure
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -68,18 +69,24 @@ def logging_config(level: str) -> dict:
 
 
 def use_millisecond_log(argv: Sequence[str]) -> Path | None:
-    """Point VLLM_LOGGING_CONFIG_PATH at a `logging_config` file (returned, for removal) unless
-    the user chose a logging config (that variable, or a `--log-config-file` /
-    `--logging-config*` flag): theirs is kept, and start-up phases read from it may be coarser."""
+    """Point VLLM_LOGGING_CONFIG_PATH at a `logging_config` file (returned) unless the user
+    chose a logging config (that variable, or a `--log-config-file` / `--logging-config*`
+    flag): theirs is kept, and start-up phases read from it may be coarser. The file is named
+    by its content (user, level, hash) and shared by every server that wants it, never removed:
+    a server killed outright would leave a per-server file behind."""
     if os.environ.get(LOGGING_CONFIG_VAR) or any(
             a.startswith(("--log-config-file", "--logging-config")) for a in argv):
         return None
-    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
-    fd, name = tempfile.mkstemp(prefix="vsweep-logging-", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(logging_config(level), fh)
-    os.environ[LOGGING_CONFIG_VAR] = name
-    return Path(name)
+    text = json.dumps(logging_config(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()),
+                      sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"vsweep-logging-{os.getuid()}-{digest}.json"
+    if not path.exists():
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_text(text, encoding="utf-8")
+        os.replace(part, path)  # atomic: a concurrent server reads the whole file or none
+    os.environ[LOGGING_CONFIG_VAR] = str(path)
+    return path
 
 
 def serve_mark(now: float) -> str:
@@ -125,7 +132,6 @@ def serve(argv: Sequence[str]) -> None:
         _serve(argv)
     finally:
         if config_file is not None:
-            config_file.unlink(missing_ok=True)
             os.environ.pop(LOGGING_CONFIG_VAR, None)
 
 

@@ -27,6 +27,7 @@ from tests.helpers import read_trials
 from tests.helpers import read_until
 from tests.helpers import run_cli
 from tests.helpers import start_driver
+from tests.helpers import vsweep_leftovers
 from tests.helpers import wait_no_marked_processes
 from tests.helpers import write_sweep
 
@@ -48,6 +49,8 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
         assert "trial 0" in first.stdout and "trial 1" in first.stdout
         assert "vLLM's defaults" in first.stdout  # the verdict: a winner only beyond the noise
         assert wait_no_marked_processes(marker) == []
+        # no server log, control socket, result file or zygote folder is left in the temp dir
+        assert vsweep_leftovers(short_tmp) == []
 
         trials = read_trials(short_tmp / "results", "e2e")
         assert list(trials["trial_number"]) == [0, 1]

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -16,8 +17,10 @@ import pytest
 from framework.base.errors import TrialError
 from framework.engine.serve_process import FAILED_EXIT
 from framework.engine.serve_process import PARENT_VAR
+from framework.engine.serve_process import RESULT_VAR
 from framework.engine.serve_process import failure_of
 from framework.engine.serve_process import serve_in_child
+from framework.engine.serve_process import serve_with
 from framework.engine.serve_process import uses_ray_executor
 from framework.engine.server_args import server_argv
 from framework.engine.server_args import trial_flags
@@ -69,6 +72,31 @@ def test_failure_of(code, result, reason, detail):
 
 def test_failure_of_a_clean_exit_is_none():
     assert failure_of(0, "") is None
+
+
+def test_the_result_file_exists_only_when_a_failing_server_wrote_it():
+    """A served process that ends well (or is killed with its actor) leaves no file; one that
+    failed writes its TrialError, which comes back raised, and the file is removed."""
+    named: list[Path] = []
+
+    def ok(env: dict[str, str]) -> int:
+        named.append(Path(env[RESULT_VAR]))
+        assert not named[-1].exists()
+        return 0
+
+    serve_with(ok)
+
+    def failing(env: dict[str, str]) -> int:
+        named.append(Path(env[RESULT_VAR]))
+        named[-1].write_text(json.dumps({"reason": "oom_at_startup", "detail": "KV"}))
+        return FAILED_EXIT
+
+    with pytest.raises(TrialError) as info:
+        serve_with(failing)
+    assert (info.value.reason, info.value.detail) == ("oom_at_startup", "KV")
+    assert named[0] != named[1] and not any(p.exists() for p in named)
+    with pytest.raises(TrialError, match=f"exit code {FAILED_EXIT}"):
+        serve_with(lambda env: FAILED_EXIT)  # failed without a word: its exit code
 
 
 def test_a_rejected_argv_comes_back_as_invalid_args():

@@ -11,6 +11,7 @@ made-up times, read after the serve mark MARK.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -120,14 +121,21 @@ def test_the_serve_mark_and_logging_config_are_what_the_parser_reads(monkeypatch
     assert both.imports_end == pytest.approx(1795705730.851, abs=1e-6)
 
 
-def test_the_logging_config_is_written_unless_the_user_chose_one(monkeypatch):
+def test_the_logging_config_is_written_unless_the_user_chose_one(monkeypatch, tmp_path):
+    """One file per content, shared by every server (none is left per server started)."""
+    monkeypatch.setattr(vllm_server.tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR, raising=False)
     path = vllm_server.use_millisecond_log(["--model", "m"])
-    try:
-        assert json.loads(path.read_text())["loggers"]["vllm"]["handlers"] == ["vllm"]
-    finally:
-        path.unlink()
-        monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR)
+    assert json.loads(path.read_text())["loggers"]["vllm"]["handlers"] == ["vllm"]
+    assert os.environ[vllm_server.LOGGING_CONFIG_VAR] == str(path)
+    monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR)
+    assert vllm_server.use_millisecond_log(["--model", "m"]) == path
+    monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "debug")
+    debug = vllm_server.use_millisecond_log(["--model", "m"])
+    assert debug != path and json.loads(debug.read_text())["loggers"]["vllm"]["level"] == "DEBUG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, debug.name])
+    monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR)
     assert vllm_server.use_millisecond_log(["--log-config-file", "mine.json"]) is None
     monkeypatch.setenv(vllm_server.LOGGING_CONFIG_VAR, "mine.json")
     assert vllm_server.use_millisecond_log(["--model", "m"]) is None
