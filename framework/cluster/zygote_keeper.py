@@ -1,16 +1,23 @@
 """One warm zygote per node (framework/engine/zygote.py) for the `warm_start` lever: a Ray
-actor pinned to the node starts it as its child (argv list) and keeps it until the actor is
-killed (`Zygotes.close`) or dies with the driver; the zygote dies with it (PR_SET_PDEATHSIG).
+actor pinned to the node starts it as its child (argv list) and keeps it until `Zygotes.close`
+stops it (SIGTERM, then the actor is killed) or the actor dies with the driver; the zygote
+dies with it (PR_SET_PDEATHSIG).
+
+The zygote's folder (socket, shim, log) in the temp dir holds KEEPER_FILE, its keeper's pid.
+A zygote killed outright cannot remove its folder, so each keeper's start removes the folders
+whose keeper is gone (`stale_folders`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,6 +30,32 @@ from framework.engine.serve_process import PARENT_VAR
 from framework.engine.zygote import FOLDER_PREFIX
 
 WARM_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 10.0
+KEEPER_FILE = "keeper.pid"
+
+
+def stale_folders(tmp: Path, alive: Callable[[int], bool]) -> list[Path]:
+    """The zygote folders in `tmp` whose keeper (KEEPER_FILE) is not `alive`; a folder without
+    a readable KEEPER_FILE is not judged (it may be starting)."""
+    stale = []
+    for folder in sorted(tmp.glob(FOLDER_PREFIX + "*")):
+        try:
+            pid = int((folder / KEEPER_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not alive(pid):
+            stale.append(folder)
+    return stale
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @ray.remote(num_cpus=0)
@@ -30,7 +63,10 @@ class ZygoteKeeper:
     def start(self) -> str:
         """Start the zygote; return its socket path once it is warm (vLLM imported)."""
         use_cache_dir()
-        folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        for stale in stale_folders(Path(tempfile.gettempdir()), pid_alive):
+            shutil.rmtree(stale, ignore_errors=True)
+        folder = self._folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        (folder / KEEPER_FILE).write_text(str(os.getpid()), encoding="utf-8")
         path = str(folder / "zygote.sock")
         log = open(folder / "zygote.log", "ab")  # noqa: SIM115 - the child holds it
         self._proc = subprocess.Popen(
@@ -44,6 +80,18 @@ class ZygoteKeeper:
             time.sleep(0.1)
         self._path = path
         return path
+
+    def stop(self) -> None:
+        """End the zygote (SIGTERM; SIGKILL after STOP_TIMEOUT_S) and remove its folder."""
+        if getattr(self, "_proc", None) is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if getattr(self, "_folder", None) is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def alive(self) -> bool:
         """The zygote still runs and listens (the OOM killer, or a user, may have ended it)."""
@@ -94,15 +142,25 @@ class Zygotes:
         raise TrialError("startup_crash", f"warm_start: {why}, twice")
 
     def _forget(self, node_id: str, keeper: ray.actor.ActorHandle) -> None:
-        """Drop and kill `keeper` (unless another trial already replaced it)."""
+        """Drop and end `keeper` (unless another trial already replaced it)."""
         with self._lock:
             if self._nodes.get(node_id, (None,))[0] is keeper:
                 del self._nodes[node_id]
-        ray.kill(keeper, no_restart=True)
+        _end([keeper])
 
     def close(self) -> None:
         """Kill every keeper (and so its zygote)."""
         with self._lock:
             keepers, self._nodes = [k for k, _ in self._nodes.values()], {}
-        for keeper in keepers:
-            ray.kill(keeper, no_restart=True)
+        _end(keepers)
+
+
+def _end(keepers: list[ray.actor.ActorHandle]) -> None:
+    """Stop each keeper's zygote (so it removes its folder), then kill the keepers; a keeper
+    already dead is just killed."""
+    try:
+        ray.get([k.stop.remote() for k in keepers], timeout=STOP_TIMEOUT_S + 20)
+    except Exception:  # noqa: BLE001 - dead or stuck keepers: killed below all the same
+        pass
+    for keeper in keepers:
+        ray.kill(keeper, no_restart=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import duckdb
 import pandas as pd
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from framework.base.exit_codes import EXIT_NO_FEASIBLE
+from framework.engine.zygote import FOLDER_PREFIX
 from tests.helpers import cli_env
 from tests.helpers import cli_process
 from tests.helpers import marked_processes
@@ -125,7 +127,6 @@ def test_kill_9_of_the_driver_then_resume(tiny_model, short_tmp):
     assert wait_no_marked_processes(marker, timeout_s=30) == []
 
 
-
 @pytest.mark.timeout(900)
 def test_a_zygote_killed_mid_sweep_is_started_again(tiny_model, short_tmp):
     """The node's warm zygote is killed (as by the OOM killer) while trial 0 is under load:
@@ -140,11 +141,13 @@ def test_a_zygote_killed_mid_sweep_is_started_again(tiny_model, short_tmp):
         assert "trial 0: under load" in seen, seen
         old = _zygotes(proc.pid)
         assert len(old) == 1, old
+        folders = [_folder(old[0])]
         old[0].kill()
         old[0].wait(timeout=30)
         seen += read_until(proc, "trial 1: under load", timeout_s=400)
         new = _zygotes(proc.pid)
         assert len(new) == 1 and new[0].pid != old[0].pid, (new, seen[-3000:])
+        folders.append(_folder(new[0]))
         out, _ = proc.communicate(timeout=600)
         seen += out
     assert proc.returncode == 0, seen[-3000:]
@@ -155,6 +158,7 @@ def test_a_zygote_killed_mid_sweep_is_started_again(tiny_model, short_tmp):
     assert second["state"] == "COMPLETE", second["fail_detail"]
     assert list(second["startup_levers"]) == ["warm_start"]
     new[0].wait(timeout=30)  # it died with its keeper (psutil.TimeoutExpired if not)
+    assert all(f.name.startswith(FOLDER_PREFIX) and not f.exists() for f in folders), folders
     assert wait_no_marked_processes(marker) == []
 
 
@@ -171,6 +175,12 @@ def _zygotes(driver_pid: int) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+def _folder(zygote: psutil.Process) -> Path:
+    """The zygote's folder: its socket's (`python -m framework.engine.zygote SOCKET`)."""
+    args = " ".join(zygote.cmdline()).split()
+    return Path(args[args.index("framework.engine.zygote") + 1]).parent
+
 
 def _engine_cores(marker: str) -> set[int]:
     found = set()

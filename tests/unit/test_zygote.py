@@ -15,6 +15,9 @@ from multiprocessing import spawn
 import pytest
 import yaml
 
+from framework.cluster.zygote_keeper import KEEPER_FILE
+from framework.cluster.zygote_keeper import pid_alive
+from framework.cluster.zygote_keeper import stale_folders
 from framework.config.specs import GPU_LEVERS
 from framework.config.specs import SweepSpec
 from framework.engine.zygote import is_zygote_process
@@ -140,3 +143,17 @@ def test_default_levers_follow_the_engine(engine, server, levers):
     doc["engine"] = engine
     doc["server"] = {**doc["server"], **server}
     assert SweepSpec.model_validate(doc).server.startup_levers == levers
+
+
+def test_stale_folders_are_those_whose_keeper_is_gone(tmp_path):
+    """A zygote killed outright leaves its folder; the next keeper removes the folders whose
+    keeper pid is dead, and leaves live ones, foreign names and folders still starting."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name, pid in (("vsweep-zygote-live", os.getpid()), ("vsweep-zygote-dead", dead.pid),
+                      ("vsweep-zygote-garbled", "x"), ("other-dead", dead.pid)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / KEEPER_FILE).write_text(str(pid))
+    (tmp_path / "vsweep-zygote-starting").mkdir()
+    assert stale_folders(tmp_path, pid_alive) == [tmp_path / "vsweep-zygote-dead"]
+    assert pid_alive(os.getpid()) and not pid_alive(dead.pid)
