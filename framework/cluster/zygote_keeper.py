@@ -21,6 +21,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -48,22 +49,12 @@ def stale_folders(tmp: Path, alive: Callable[[int], bool]) -> list[Path]:
     return stale
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @ray.remote(num_cpus=0)
 class ZygoteKeeper:
     def start(self) -> str:
         """Start the zygote; return its socket path once it is warm (vLLM imported)."""
         use_cache_dir()
-        for stale in stale_folders(Path(tempfile.gettempdir()), pid_alive):
+        for stale in stale_folders(Path(tempfile.gettempdir()), psutil.pid_exists):
             shutil.rmtree(stale, ignore_errors=True)
         folder = self._folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
         (folder / KEEPER_FILE).write_text(str(os.getpid()), encoding="utf-8")
@@ -149,7 +140,7 @@ class Zygotes:
         _end([keeper])
 
     def close(self) -> None:
-        """Kill every keeper (and so its zygote)."""
+        """Stop every zygote (its folder removed) and kill its keeper."""
         with self._lock:
             keepers, self._nodes = [k for k, _ in self._nodes.values()], {}
         _end(keepers)
