@@ -83,6 +83,7 @@ class FakeServer:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
+        Path(self.socket).unlink(missing_ok=True)  # a killed engine cannot remove it
         if first:
             self._release(self.devices)
         return []
