@@ -156,6 +156,18 @@ def pooled_median_ms(hists: list[list[list[float]]]) -> float:
     return 1000 * q if q is not None else float("nan")
 
 
+def tpot_vs_server_pct(client_ms: float, server_ms: float) -> float:
+    """A run's client median TPOT against the server's own (its histogram delta over the same
+    run), in %: 100 * (client / server - 1). The server's state that run cancels out: what is
+    left is the client's measurement."""
+    return 100 * (client_ms / server_ms - 1)
+
+
+def spread_pct(rows: list[dict[str, Any]]) -> str:
+    values = [r["tpot_vs_server_pct"] for r in rows]
+    return f"{min(values):+.1f}..{max(values):+.1f}%"
+
+
 def lateness_ms(starts: list[float], due: list[float]) -> list[float]:
     """Each request's send time minus its due time, both from request 0's (ms)."""
     return [1000 * ((s - starts[0]) - (d - due[0])) for s, d in zip(starts, due)]
@@ -205,6 +217,8 @@ def run_client(name: str, url: str, args: argparse.Namespace, speed_up: float, r
             "server_median_ttft_ms": server["median_ttft_ms"],
             "server_median_tpot_ms": server["median_tpot_ms"],
             "ttft_overhead_ms": result["median_ttft_ms"] - server["median_ttft_ms"],
+            "tpot_vs_server_pct": tpot_vs_server_pct(result["median_tpot_ms"],
+                                                     server["median_tpot_ms"]),
             "client_cpu_s": cpu_s, "phase_cpu_s": phase_cpu_s,
             **decompose(result["start_times"], result["ttfts"],
                         json.loads(probe_out.read_text())),
@@ -296,11 +310,17 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
                    f"{'met' if len(same) == 1 else 'MISSED'}")
         for key, label, target in (("median_ttft_ms", "median TTFT", True),
                                    ("median_tpot_ms", "median TPOT", True),
-                                   ("server_median_ttft_ms", "server's median TTFT", False)):
+                                   ("server_median_ttft_ms", "server's median TTFT", False),
+                                   ("server_median_tpot_ms", "server's median TPOT", False)):
             diff = (med(o, key) - med(v, key)) / med(v, key)
             verdict = (f" (target within 10%): {'met' if abs(diff) <= 0.10 else 'MISSED'}"
                        if target else " (the server under each client; no target)")
             out.append(f"- {speed:g}x, {label}: ours {100 * diff:+.1f}% vs vllm bench{verdict}")
+        own = "; ".join(f"{c} {med(rs, 'tpot_vs_server_pct'):+.1f}% [{spread_pct(rs)}]"
+                        for c, rs in zip(CLIENTS, (v, o)))
+        out.append(f"- {speed:g}x, each client's median TPOT vs the server's own in the same "
+                   f"run, median [min..max] over runs: {own} (what the client adds, the "
+                   "server's state cancelled; no target)")
         worst = {c: max(r["late_max_ms"] for r in rs) for c, rs in zip(CLIENTS, (v, o))}
         out.append(f"- {speed:g}x, every request sent within 50 ms of the trace's schedule: "
                    + "; ".join(f"{c} worst {w:.1f} ms: {'met' if w <= 50 else 'MISSED'}"

@@ -21,27 +21,42 @@ from benchmarks.trace_parity import lateness_ms
 from benchmarks.trace_parity import pooled_median_ms
 from benchmarks.trace_parity import request_tpots_ms
 from benchmarks.trace_parity import run_order
+from benchmarks.trace_parity import tpot_vs_server_pct
 from benchmarks.trace_parity import verdicts
 from benchmarks.trace_parity_aa import pair_diffs
 
 
-def row(client: str, ttft: float, tpot: float, server_ttft: float, late: float) -> dict:
+def row(client: str, ttft: float, tpot: float, server_ttft: float, late: float,
+        server_tpot: float = 2.5) -> dict:
     return {"client": client, "speed_up": 1.0, "completed": 3, "failed": 0,
             "input_tokens": 30, "output_tokens": 9, "input_lens": [10, 10, 10],
             "median_ttft_ms": ttft, "median_tpot_ms": tpot,
-            "server_median_ttft_ms": server_ttft, "late_max_ms": late}
+            "server_median_ttft_ms": server_ttft, "server_median_tpot_ms": server_tpot,
+            "tpot_vs_server_pct": tpot_vs_server_pct(tpot, server_tpot), "late_max_ms": late}
 
 
 def test_verdicts_judge_client_medians_and_report_the_servers_without_a_target() -> None:
-    rows = [row(CLIENTS[0], 10.0, 3.0, 8.0, 2.0), row(CLIENTS[1], 8.9, 3.1, 8.4, 60.0)]
+    rows = [row(CLIENTS[0], 10.0, 3.0, 8.0, 2.0, 3.0), row(CLIENTS[1], 8.9, 3.1, 8.4, 60.0, 2.5),
+            row(CLIENTS[1], 8.9, 3.1, 8.4, 1.0, 3.1)]
     lines = verdicts(rows)
     assert lines[0].endswith(": met")                                       # same counts
     assert lines[1] == "- 1x, median TTFT: ours -11.0% vs vllm bench (target within 10%): MISSED"
     assert lines[2] == "- 1x, median TPOT: ours +3.3% vs vllm bench (target within 10%): met"
     assert lines[3] == ("- 1x, server's median TTFT: ours +5.0% vs vllm bench "
                         "(the server under each client; no target)")
-    assert lines[4].endswith("vllm bench serve worst 2.0 ms: met; vllm-sweep bench worst "
+    assert lines[4] == ("- 1x, server's median TPOT: ours -6.7% vs vllm bench "
+                        "(the server under each client; no target)")
+    assert lines[5] == ("- 1x, each client's median TPOT vs the server's own in the same run, "
+                        "median [min..max] over runs: vllm bench serve +0.0% [+0.0..+0.0%]; "
+                        "vllm-sweep bench +12.0% [+0.0..+24.0%] (what the client adds, the "
+                        "server's state cancelled; no target)")
+    assert lines[6].endswith("vllm bench serve worst 2.0 ms: met; vllm-sweep bench worst "
                              "60.0 ms: MISSED")
+
+
+def test_tpot_vs_server_is_the_clients_excess_over_the_servers_own_median() -> None:
+    assert tpot_vs_server_pct(5.5, 5.0) == pytest.approx(10.0)
+    assert tpot_vs_server_pct(4.5, 5.0) == pytest.approx(-10.0)
 
 
 def test_different_token_counts_miss() -> None:
