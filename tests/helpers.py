@@ -13,6 +13,7 @@ import io
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,6 +86,23 @@ def vsweep_leftovers(tmp: Path) -> list[str]:
     shared = f"vsweep-logging-{os.getuid()}-"
     return sorted(p.name for p in [*tmp.glob("vsweep-*"), *tmp.glob("vsweep-logs/*")]
                   if p.name != "vsweep-logs" and not p.name.startswith(shared))
+
+
+VLLM_IPC_FILE = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}|vllm_dist_[0-9a-f]{32}")
+SHM = Path("/dev/shm")
+
+
+def vllm_leftovers(tmp: Path) -> list[str]:
+    """What vLLM's processes left in the temp dir `tmp`: ZeroMQ `ipc://` sockets (uuid4 names,
+    vllm/utils/network_utils.py get_open_zmq_ipc_path) and FileStore files (`vllm_dist_<hex>`,
+    get_file_store_init_method); a server's own folder of them is one of `vsweep_leftovers`."""
+    return sorted(p.name for p in tmp.glob("*") if VLLM_IPC_FILE.fullmatch(p.name))
+
+
+def shared_memory() -> set[str]:
+    """Python multiprocessing's POSIX shared memory and semaphores in /dev/shm (`psm_*`,
+    `sem.mp-*`): vLLM's shm_broadcast rings among them."""
+    return {p.name for p in SHM.glob("*") if p.name.startswith(("psm_", "sem.mp-"))}
 
 
 def cli_env(marker: str, tmp: Path) -> dict[str, str]:

@@ -42,6 +42,7 @@ from framework.engine.control import socket_path
 OCCUPANCY_LOG_ENV = "FAKE_ENGINE_OCCUPANCY_LOG"
 # The server's node-local cache directory (sweep.cache_dir); `~` is expanded on the node.
 CACHE_DIR_VAR = "VLLM_SWEEP_CACHE_DIR"
+RPC_BASE_VAR = "VLLM_RPC_BASE_PATH"  # vllm/envs.py; vllm/utils/network_utils.py get_open_zmq_ipc_path
 
 
 def devices_seen() -> dict:
@@ -57,6 +58,12 @@ def _log_occupancy(events: list[dict]) -> None:
     if path:
         with open(path, "a") as fh:
             fh.write("".join(json.dumps(e) + "\n" for e in events))
+
+
+def rpc_dir(pid: int) -> str:
+    """The folder of the server actor `pid`'s vLLM IPC sockets (RPC_BASE_VAR): vLLM's ZeroMQ
+    `ipc://` paths are files, which a killed server leaves behind; its stop removes the folder."""
+    return str(Path(tempfile.gettempdir()) / f"vsweep-rpc-{pid}")
 
 
 def use_cache_dir() -> None:
@@ -85,7 +92,7 @@ class ServerActor:
         return {"pid": os.getpid(), "port": port, "node_ip": node_ip,
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "log_path": str(logs / f"server-{os.getpid()}-{port}.log"),
-                "control": socket_path(os.getpid())}
+                "control": socket_path(os.getpid()), "rpc_dir": rpc_dir(os.getpid())}
 
     def serve(self, argv: list[str], log_path: str, engine_name: str = "cpu",
               secret_env: dict[str, str] | None = None, tag: str = "",
@@ -100,6 +107,9 @@ class ServerActor:
         os.environ.pop("VLLM_API_KEY", None)  # a private Ray's workers inherit the driver's env
         os.environ.update(secret_env or {})
         os.environ[SOCKET_VAR] = socket_path(os.getpid())
+        if RPC_BASE_VAR not in os.environ:  # unless server.env names one
+            Path(rpc_dir(os.getpid())).mkdir(mode=0o700, exist_ok=True)
+            os.environ[RPC_BASE_VAR] = rpc_dir(os.getpid())
         use_cache_dir()
         engine.redirect_output(Path(log_path))
         if engine_name == "fake":

@@ -199,7 +199,8 @@ class RayLauncher:
                            base_url=f"http://{host}:{info['port']}", node_ip=info["node_ip"],
                            node_id=info["node_id"], pid=info["pid"], port=info["port"],
                            placement=placement, log_path=log_path, node_log=info["log_path"],
-                           control_path=info["control"], _on_stop=self._release)
+                           control_path=info["control"], rpc_dir=info["rpc_dir"],
+                           _on_stop=self._release)
         with self._lock:
             self._active[id(server)] = server
         return server

@@ -1,5 +1,5 @@
 """A running trial server on Ray (`RayServer`, trial.ServerHandle) and the tasks that act on
-its node: stop and reap, fetch its log, send it a control command.
+its node: stop and reap (cluster.node_reap), fetch its log, send it a control command.
 
 Release contract: a trial's group (its devices) is handed on only once every process of its
 server has exited, on every node: the server actor's own process tree (API server, EngineCore,
@@ -12,8 +12,7 @@ they are read from the GCS actor table (`placement_group_id`, `pid`, node), the 
 
 from __future__ import annotations
 
-import os
-import signal
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,10 +26,9 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from framework.base.errors import TrialError
+from framework.cluster.node_reap import await_exit
+from framework.cluster.node_reap import stop_tree
 from framework.engine import control
-from framework.engine.zygote import group_file
-from framework.engine.zygote import is_zygote_process
-from framework.engine.zygote import served_group
 
 # Ray's GCS marks a node dead after ~5 missed health checks of 3 s; an actor on a dying node
 # is reported dead before that.
@@ -59,88 +57,6 @@ def group_processes(group: PlacementGroup) -> list[GroupProcess]:
     return found
 
 
-def _tree(pid: int) -> list[int]:
-    """The actor `pid`, its descendants, and the server a zygote forked for it (`warm_start`:
-    the zygote forks and shims of its process group, framework.engine.zygote, with their
-    descendants, e.g. multiprocessing's resource tracker)."""
-    import psutil
-
-    found: list[int] = []
-    try:
-        root = psutil.Process(pid)
-        found = [pid, *(p.pid for p in root.children(recursive=True))]
-    except psutil.NoSuchProcess:
-        pass
-    group = served_group(pid)
-    if group is not None:
-        for proc in psutil.process_iter():
-            try:
-                if os.getpgid(proc.pid) == group and is_zygote_process(proc.cmdline()):
-                    found += [proc.pid, *(p.pid for p in proc.children(recursive=True))]
-            except (ProcessLookupError, psutil.Error):
-                pass
-        found = list(dict.fromkeys(found))
-        group_file(pid).unlink(missing_ok=True)
-    return found
-
-
-def _running(proc) -> bool:  # noqa: ANN001 - a psutil.Process (psutil is imported on the node)
-    """Alive and not a zombie: a zombie holds no memory or device, only its parent's wait."""
-    import psutil
-
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_gone(procs: list, timeout_s: float) -> list:
-    """Poll until none of `procs` runs (`_running`) or timeout_s passes; the ones still running."""
-    deadline = time.monotonic() + timeout_s
-    while (alive := [p for p in procs if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
-
-
-def _reap(pids: list[int], grace_s: float, signal_first: bool = True) -> list[int]:
-    """SIGTERM pids (unless not `signal_first`: then only wait), wait up to grace_s for them to
-    be gone (exited, or zombies: not reaped by a parent that is not ours), SIGKILL the rest;
-    returns pids still running."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            if signal_first:
-                proc.send_signal(signal.SIGTERM)
-            procs.append(proc)
-        except psutil.NoSuchProcess:
-            pass
-    alive = _wait_gone(procs, grace_s)
-    for proc in alive:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    return [p.pid for p in _wait_gone(alive, 5.0)]
-
-
-def _stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float) -> list[int]:
-    """The server actor's tree ended in one task on its node: the tree found while the actor
-    (pid) still runs, the actor killed through Ray (so Ray records an intended death), then
-    its descendants `_reap`ed; returns pids still alive."""
-    tree = _tree(pid)
-    ray.kill(actor, no_restart=True)
-    return _reap(tree, grace_s)
-
-
-def _await_exit(pids: list[int], grace_s: float) -> list[int]:
-    """Wait for these actor processes on this node to exit (their owner died, Ray ends them),
-    SIGKILL any still there after grace_s; returns pids still alive."""
-    return _reap(pids, grace_s, signal_first=False)
-
-
 def _read_tail(path: str, start: int) -> tuple[bytes, int]:
     """The bytes of a node-local file from `start` (b'' if absent) and its size."""
     try:
@@ -153,14 +69,17 @@ def _read_tail(path: str, start: int) -> tuple[bytes, int]:
 
 
 def _remove_files(*paths: str) -> None:
-    """Node-local files of a stopped server: its log (copied to the driver) and its control
-    socket (a server killed outright cannot remove it)."""
+    """Node-local files of a stopped server: its log (copied to the driver), its control
+    socket and its folder of vLLM IPC sockets (a server killed outright cannot remove them)."""
     for path in paths:
-        Path(path).unlink(missing_ok=True)
+        if Path(path).is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            Path(path).unlink(missing_ok=True)
 
 
-_stop_tree_remote = ray.remote(num_cpus=0)(_stop_tree)
-_await_exit_remote = ray.remote(num_cpus=0)(_await_exit)
+_stop_tree_remote = ray.remote(num_cpus=0)(stop_tree)
+_await_exit_remote = ray.remote(num_cpus=0)(await_exit)
 _read_tail_remote = ray.remote(num_cpus=0)(_read_tail)
 _remove_files_remote = ray.remote(num_cpus=0)(_remove_files)
 _send_remote = ray.remote(num_cpus=0)(control.send)
@@ -191,6 +110,7 @@ class RayServer:
     log_path: Path
     node_log: str
     control_path: str
+    rpc_dir: str
     _on_stop: Callable[[RayServer], None] = field(default=lambda _: None, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _log_offset: int = field(default=0, repr=False)
@@ -286,7 +206,8 @@ class RayServer:
         left += self._reap_group(members)
         self.fetch_log()
         try:
-            on_node(self.node_id, _remove_files_remote, self.node_log, self.control_path)
+            on_node(self.node_id, _remove_files_remote, self.node_log, self.control_path,
+                    self.rpc_dir)
         except Exception:  # noqa: BLE001 - the node died: its temp dir goes with it
             pass
         self.released_at = time.time()

@@ -26,7 +26,9 @@ from tests.helpers import new_marker
 from tests.helpers import read_trials
 from tests.helpers import read_until
 from tests.helpers import run_cli
+from tests.helpers import shared_memory
 from tests.helpers import start_driver
+from tests.helpers import vllm_leftovers
 from tests.helpers import vsweep_leftovers
 from tests.helpers import wait_no_marked_processes
 from tests.helpers import write_sweep
@@ -43,14 +45,19 @@ def test_two_trial_sweep_writes_parquet_and_resumes(tiny_model, short_tmp):
     doc = yaml.safe_load(sweep.read_text())
     doc["cluster"] = {"start_ahead": 1}  # both servers start side by side, each measured alone
     sweep.write_text(yaml.safe_dump(doc))
+    shm_before = shared_memory()
     try:
         first = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=600)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         assert "trial 0" in first.stdout and "trial 1" in first.stdout
         assert "vLLM's defaults" in first.stdout  # the verdict: a winner only beyond the noise
         assert wait_no_marked_processes(marker) == []
-        # no server log, control socket, result file or zygote folder is left in the temp dir
+        # no server log, control socket, result file or zygote folder is left in the temp dir,
+        # no IPC socket or store file of vLLM's, and no shared memory in /dev/shm: each server
+        # was shut down by vLLM before its processes were killed
         assert vsweep_leftovers(short_tmp) == []
+        assert vllm_leftovers(short_tmp) == []
+        assert shared_memory() - shm_before == set()
 
         trials = read_trials(short_tmp / "results", "e2e")
         assert list(trials["trial_number"]) == [0, 1]

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from framework.cluster.node_reap import process_tree
 from framework.cluster.ports import pick_port
-from framework.cluster.server import _tree
 from framework.engine.zygote import FOLDER_PREFIX
 from framework.engine.zygote import served_group
 from framework.engine.zygote_shim import SHIM_NAME
@@ -147,7 +147,7 @@ def test_a_forked_server_answers_as_a_spawned_one_and_dies_with_its_actor(
         assert sorted(_cmdline(p)[0] for p in forks) == [
             sys.executable, "VLLM::EngineCore", "VLLM::Worker"]
         assert len(shims) == 2 and {p.ppid() for p in shims} <= {p.pid for p in forks}
-        assert set(_tree(actor.pid)) >= {actor.pid, *(p.pid for p in members)}
+        assert set(process_tree(actor.pid)) >= {actor.pid, *(p.pid for p in members)}
     finally:
         actor.send_signal(signal.SIGKILL)
         actor.wait(timeout=30)
