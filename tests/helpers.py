@@ -413,6 +413,17 @@ def kill_engine(proc: subprocess.Popen, wait_s: float = 30.0) -> list[int]:
     return [p for p in tree if _running(p)]
 
 
+def stop_engine(proc: subprocess.Popen, grace_s: float = 15.0) -> list[int]:
+    """vLLM's own shutdown, as Ctrl-C gives it: SIGTERM to the API server only (it stops its
+    EngineCore, which stops its workers, each unlinking its /dev/shm ring), up to grace_s;
+    then `kill_engine` for whatever is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    return kill_engine(proc)
+
+
 @dataclass(frozen=True)
 class SharedServer:
     """The session's vLLM server (see the module docstring): where it listens, what it serves,

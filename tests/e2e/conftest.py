@@ -37,9 +37,9 @@ from framework.load.loadgen import wait_ready
 from tests.helpers import MARKER_VAR
 from tests.helpers import VLLM_ENGINE
 from tests.helpers import SharedServer
-from tests.helpers import kill_engine
 from tests.helpers import new_marker
 from tests.helpers import start_engine
+from tests.helpers import stop_engine
 from tests.helpers import wait_no_marked_processes
 
 SHARED_HOST = "127.0.0.1"
@@ -74,6 +74,6 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[SharedServer]:
                         f"(exit code {proc.poll()}):\n{tail}")
         yield server
     finally:
-        left = kill_engine(proc)
+        left = stop_engine(proc)
         left_marked = wait_no_marked_processes(marker)
     assert left == [] and left_marked == [], (left, left_marked)
