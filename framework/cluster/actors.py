@@ -22,6 +22,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import ray
@@ -61,9 +62,20 @@ def _log_occupancy(events: list[dict]) -> None:
 
 
 def rpc_dir(pid: int) -> str:
-    """The folder of the server actor `pid`'s vLLM IPC sockets (RPC_BASE_VAR): vLLM's ZeroMQ
-    `ipc://` paths are files, which a killed server leaves behind; its stop removes the folder."""
+    """The folder of the server actor `pid`'s vLLM IPC sockets (RPC_BASE_VAR; not set for
+    vLLM's Ray executor): ZeroMQ `ipc://` paths are files, which a killed server leaves
+    behind; its stop removes the folder."""
     return str(Path(tempfile.gettempdir()) / f"vsweep-rpc-{pid}")
+
+
+def rpc_base(argv: list[str], environ: Mapping[str, str], pid: int) -> str | None:
+    """The RPC_BASE_VAR a server actor sets: `rpc_dir(pid)`, unless the environment names one
+    already (server.env) or argv asks for vLLM's Ray executor, which copies vLLM's variables
+    to its workers on every node (vllm/ray/ray_env.py get_env_vars_to_copy), where this node's
+    folder does not exist."""
+    if RPC_BASE_VAR in environ or serve_process.uses_ray_executor(argv):
+        return None
+    return rpc_dir(pid)
 
 
 def use_cache_dir() -> None:
@@ -107,9 +119,10 @@ class ServerActor:
         os.environ.pop("VLLM_API_KEY", None)  # a private Ray's workers inherit the driver's env
         os.environ.update(secret_env or {})
         os.environ[SOCKET_VAR] = socket_path(os.getpid())
-        if RPC_BASE_VAR not in os.environ:  # unless server.env names one
-            Path(rpc_dir(os.getpid())).mkdir(mode=0o700, exist_ok=True)
-            os.environ[RPC_BASE_VAR] = rpc_dir(os.getpid())
+        base = rpc_base(argv, os.environ, os.getpid())
+        if base is not None:
+            Path(base).mkdir(mode=0o700, exist_ok=True)
+            os.environ[RPC_BASE_VAR] = base
         use_cache_dir()
         engine.redirect_output(Path(log_path))
         if engine_name == "fake":
