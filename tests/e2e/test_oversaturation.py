@@ -79,9 +79,9 @@ def test_a_flooded_run_is_stopped_and_a_light_one_is_not(tiny_model, short_tmp):
     assert light["completed"] == 8 and light["saturation_samples"] >= 6
     assert flood["saturated"] and flood["stopped_early"].startswith("over-saturated: waiting")
     assert flood["saturation_slope"] > 10  # waiting requests per second
-    # judged after min_duration_s and before the flood's 1500 requests at 50/s (30 s) were sent;
-    # 22.7 s in the merged suite under load, so no tighter bound than the run's own length
-    assert 4 <= flood["saturation_at_s"] < 1500 / 50
+    # judged after min_duration_s, the run cut before it carried the flood (below); no time bound:
+    # on a loaded box the sends fall behind the schedule's 30 s (judged at 51 s once in CI)
+    assert flood["saturation_at_s"] >= 4
     assert flood["completed"] + flood["failed"] < 1500
     assert flood["saturation_detail"] in trial["saturation_detail"]
 
