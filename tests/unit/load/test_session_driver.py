@@ -33,7 +33,7 @@ from tests.helpers import content
 from tests.helpers import counter_clock
 from tests.helpers import sse
 from tests.helpers import usage
-from tests.unit.test_loadgen import FakeSSEServer
+from tests.unit.load.test_loadgen import FakeSSEServer
 
 
 class EchoChatServer(FakeSSEServer):

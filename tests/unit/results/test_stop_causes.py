@@ -18,7 +18,7 @@ from framework.results.console import stopped_early_line
 from framework.results.html_report import _table
 from framework.results.queries import result_label
 from framework.results.report_plots import stopped_early_note
-from tests.unit.test_report_plots import SPEC
+from tests.unit.results.test_report_plots import SPEC
 
 SLA_STOP = "p99_ttft_ms: at least 900 ms whatever the other 88 requests do (12 done)"
 SATURATED = ("over-saturated: waiting requests +3.1/s (+-20%) over 5.0-10.2 s of the run, "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +22,9 @@ from framework.engine.startup_log import StartupPhases
 from framework.engine.startup_log import phases
 from framework.engine.startup_log import process_starts
 from framework.engine.startup_log import read_marks
+from tests.helpers import ROOT
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 REAL = (FIXTURES / "startup_cpu.log").read_text()
 GO, READY = 1795705730.789, 1795705769.599

@@ -1,6 +1,7 @@
 """/metrics parsing and the pure run summary against hand-built Prometheus text; the sampler
 with a fake fetch, and fetch_text and the sampler's own fetch against a real server on
-127.0.0.1. (The sampler against a live vLLM server is in tests/{unit,e2e}/test_bench.py.)"""
+127.0.0.1. (The sampler against a live vLLM server is in tests/unit/load/test_bench.py and
+tests/e2e/test_bench.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import time
 from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -26,6 +26,7 @@ from framework.results.rows import TrialContext
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
 from framework.trial.run import TrialOutcome
+from tests.helpers import ROOT
 
 LABELS = 'engine="0",model_name="m"'
 
@@ -276,8 +277,7 @@ def test_sampler_rejects_bad_interval() -> None:
 
 
 def test_server_metrics_reach_the_trial_row() -> None:
-    root = Path(__file__).resolve().parents[2]
-    space = load_search_space(root / "search_spaces" / "tiny_cpu.yaml")
+    space = load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml")
     columns = trial_columns(space, (50, 99))
     names = [name for name, _ in columns]
     server = [name for name, _ in SERVER_METRIC_COLUMNS]

@@ -34,8 +34,9 @@ from framework.search.tuner import Tuner
 from framework.sweep.loader import load
 from framework.sweep.runner import Runner
 from framework.trial.objective import evaluate
-from tests.unit.test_runner_contract import FakeLauncher
-from tests.unit.test_runner_contract import _sweep
+from tests.helpers import ROOT
+from tests.unit.sweep.test_runner_contract import FakeLauncher
+from tests.unit.sweep.test_runner_contract import _sweep
 
 PRICE = Price(per_replica_hour=3.6, per_gpu_hour=1.8, currency="USD", source="test")
 
@@ -117,7 +118,7 @@ def test_no_value_is_infeasible_not_zero():
 
 def test_tuner_tells_no_value_as_a_failed_constraint(tmp_path):
     from framework.config.search_space import load_search_space
-    space = load_search_space(Path(__file__).parents[2] / "search_spaces" / "capacity_target.yaml")
+    space = load_search_space(ROOT / "search_spaces" / "capacity_target.yaml")
     tuner = Tuner(tmp_path / "j", "s", space, ["minimize"], "random", seed=0, startup_trials=1,
                   constraint_keys=["p99_ttft_ms"])
     none, some = tuner.ask(), tuner.ask()

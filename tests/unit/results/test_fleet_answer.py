@@ -11,7 +11,7 @@ from framework.fleet.columns import Target
 from framework.fleet.prices import Price
 from framework.results.decision import fleet_answer
 from framework.results.verdict import decide
-from tests.unit.test_fleet_wiring import _rows
+from tests.unit.fleet.test_fleet_wiring import _rows
 
 PRICE = Price(2.0, None, "USD", "sweep pricing.per_replica_hour")
 

@@ -127,6 +127,6 @@ def test_confirmation_runs_move_the_noise_line_and_not_the_best_single_measureme
     # |120 - 150| / 150 = 20%, |138 - 140| / 140 = 1.4%: median 10.7%
     assert "confirmation runs moved the objective by 10.7% (median of 2)" in noise_line(trials)
     # status names the best single measurement (trial 1's 150); which configuration ships is
-    # results.verdict's (tests/unit/test_verdict.py), never a second rule here
+    # results.verdict's (tests/unit/results/test_verdict.py), never a second rule here
     assert int(best_row(trials, maximize=True)["trial_number"]) == 1
     assert noise_line(trials.iloc[:3].copy()) is None

@@ -18,10 +18,10 @@ from framework.config.specs import SweepSpec
 from framework.sweep.loader import load
 from framework.sweep.runner import Runner
 from framework.trial.share_gate import ShareGate
-from tests.unit.test_runner_contract import Counted
-from tests.unit.test_runner_contract import FakeLauncher
-from tests.unit.test_runner_contract import _sweep
-from tests.unit.test_runner_contract import _told_once_with_rows
+from tests.unit.sweep.test_runner_contract import Counted
+from tests.unit.sweep.test_runner_contract import FakeLauncher
+from tests.unit.sweep.test_runner_contract import _sweep
+from tests.unit.sweep.test_runner_contract import _told_once_with_rows
 
 
 class RecordingGate(ShareGate):
