@@ -34,6 +34,13 @@ H100 = GPUS["H100-80GB"]
 
 # The 8B at vLLM's H100 defaults: T = 8192 tokens, S = 1024 sequences, bf16 (b = 2).
 T8, S8 = 8192, 1024
+LLAMA_8B_PARAMS = 8_030_261_248  # the published 8.03B
+# Its budget on an H100 at utilization 0.92, each term of gpu_worker.determine_available_memory
+# by hand: weights 2 B a parameter; sampler state 541,753,344, non-torch 0.25 GiB, activation
+# 838,860,800 (forward), CUDA graphs 860 MiB (51 + 51 graphs); the KV cache gets the rest.
+WEIGHTS_8B = 2 * LLAMA_8B_PARAMS
+RESERVE_8B = 541_753_344 + 0.25 * GIB + 838_860_800 + 860 * mm.MIB
+KV_8B = math.ceil(H100.memory_bytes * 0.92) - WEIGHTS_8B - RESERVE_8B
 
 
 def _facts(layers: int, heads: int, kv_heads: int, hidden: int, inter: int = 4,
@@ -54,7 +61,7 @@ def test_shipped_configs_are_the_real_architectures(m, shape):
 
 
 @pytest.mark.parametrize("model, expected", [
-    (LLAMA_8B, 8_030_261_248), (R1_70B, 70_553_706_496),  # the published 8.03B and 70.6B
+    (LLAMA_8B, LLAMA_8B_PARAMS), (R1_70B, 70_553_706_496),  # the published 8.03B and 70.6B
     # embed 8x4 + 1 layer (q 4x4, k, v 4x2 each, o 4x4, mlp 3x4x4, norms 2x4) + norm 4 + head
     (_facts(layers=1, heads=2, kv_heads=1, hidden=4), 32 + (16 + 8 + 8 + 16 + 48 + 8) + 4 + 32),
     (_facts(layers=1, heads=2, kv_heads=1, hidden=4, tied=True), 32 + 104 + 4),
@@ -196,15 +203,13 @@ def test_kv_budget_and_block_rounding():
 
 
 def test_gpu_budget_of_the_8b_on_an_h100_at_defaults():
-    """Each term of gpu_worker.determine_available_memory, by hand: weights 2 x 8.03e9 B,
-    sampler state 541,753,344, non-torch 0.25 GiB, activation 838,860,800 (forward),
-    CUDA graphs 860 MiB (51 + 51 graphs)."""
+    """Each term of gpu_worker.determine_available_memory, by hand (WEIGHTS_8B, RESERVE_8B,
+    KV_8B above)."""
     use = mm.gpu_budget(LLAMA_8B, H100.memory_bytes, 0.92, 1, 1, T8, S8, (51, 51))
-    reserve = 541_753_344 + 0.25 * GIB + 838_860_800 + 860 * mm.MIB
     assert use.requested == math.ceil(H100.memory_bytes * 0.92)
-    assert use.weights == 16_060_522_496
-    assert use.reserve == reserve
-    assert use.kv == math.ceil(H100.memory_bytes * 0.92) - 16_060_522_496 - reserve
+    assert use.weights == WEIGHTS_8B
+    assert use.reserve == RESERVE_8B
+    assert use.kv == KV_8B
     assert 55.4 < use.kv / GIB < 55.5
     assert (mm.non_torch_bytes(2), mm.non_torch_bytes(8)) == (2.1 * GIB, 2.1 * GIB)
 
@@ -344,14 +349,16 @@ def test_unknown_kv_dtype_is_a_warning():
 
 def test_8b_on_one_h100_at_vllm_defaults():
     """The budget of test_gpu_budget_of_the_8b_on_an_h100_at_defaults, 59,536,870,986 B, in
-    2 MiB blocks (16 x 128 KiB): 28389 blocks less the null block, 28388 x 16 = 454208 tokens,
-    3 sequences of 8192 blocks."""
+    2 MiB blocks (16 tokens x 128 KiB: K and V x 32 layers x 8 KV heads x 128 x 2 B): 28389
+    blocks less the null block, 28388 x 16 = 454208 tokens, 3 sequences of 131072 tokens."""
     n = check(LLAMA_8B, H100, {}).numbers
-    assert n["weights_gib_per_gpu"] == pytest.approx(14.96, abs=0.01)
+    assert n["weights_gib_per_gpu"] == pytest.approx(WEIGHTS_8B / GIB, abs=0.01)  # 14.96
     assert (n["max_num_batched_tokens"], n["max_num_seqs"], n["cudagraphs"]) == (8192, 1024, 102)
-    assert n["kv_budget_gib_per_gpu"] == pytest.approx(55.45, abs=0.01)
-    assert n["kv_tokens_capacity"] == 454_208
-    assert n["max_resident_seqs"] == 3
+    assert n["kv_budget_gib_per_gpu"] == pytest.approx(KV_8B / GIB, abs=0.01)  # 55.45
+    block = 16 * 2 * 32 * 8 * 128 * 2
+    tokens = (int(KV_8B // block) - 1) * 16
+    assert n["kv_tokens_capacity"] == tokens
+    assert n["max_resident_seqs"] == tokens // 131072
 
 
 @pytest.mark.parametrize("tp, pp, weights_gib, kv_per_gpu", [

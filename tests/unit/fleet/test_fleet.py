@@ -53,7 +53,7 @@ def test_fleet_without_capacity_has_no_gpus_or_cost():
 
 @pytest.mark.parametrize(("price", "tok_s", "expected"), [
     (3.6, 1000.0, 1.0),          # $3.6/h over 3.6 M tokens/h
-    (3.9492, 2500.0, 0.43880),   # 3.9492 / 9 M tokens x 1e6
+    (3.9492, 2500.0, 3.9492 / 9),  # 2500 tok/s x 3600 = 9 M tokens an hour
     (3.6, 0.0, None),
     (None, 1000.0, None),
 ])
@@ -69,7 +69,8 @@ def test_table_covers_every_gpu_type_of_the_memory_model():
 
 
 @pytest.mark.parametrize(("pricing", "gpu", "tp", "per_replica", "source_starts"), [
-    (PricingSpec(), "H100-80GB", 2, 2 * 3.9492, "Modal list price"),
+    # TP 2: two GPU-hours at the table's list price
+    (PricingSpec(), "H100-80GB", 2, 2 * PRICES["H100-80GB"].per_gpu_hour, "Modal list price"),
     (PricingSpec(per_gpu_hour=2.0), "H100-80GB", 2, 4.0, "sweep pricing.per_gpu_hour"),
     (PricingSpec(gpus={"H100-80GB": 2.5}), "H100-80GB", 1, 2.5, "sweep pricing.gpus"),
     (PricingSpec(gpus={"B200": 6.0}), "B200", 4, 24.0, "sweep pricing.gpus"),

@@ -5,6 +5,7 @@ Ray Serve LLM: its own config classes), and both commands on real stored Parquet
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import kubernetes_validate
@@ -20,6 +21,7 @@ from framework.fleet.manifests import dns_name
 from framework.fleet.manifests import engine_kwargs
 from framework.fleet.manifests import k8s_manifests
 from framework.fleet.manifests import ray_serve_app
+from framework.fleet.prices import PRICES
 from framework.results.rows import TrialContext
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
@@ -34,6 +36,24 @@ from tests.helpers import killed_sweep_file
 from tests.helpers import write_rows
 
 K8S_VERSION = "1.33.0"
+
+# The stored sweeps' target and the list prices they are costed at (framework.fleet.prices)
+TARGET_RPS, HEADROOM = 25.0, 0.2
+H100_HOUR = PRICES["H100-80GB"].per_gpu_hour
+L4_HOUR = PRICES["L4-24GB"].per_gpu_hour
+
+
+def fleet(target_rps: float, capacity_rps: float, gpu_hour: float) -> tuple[int, float]:
+    """The fleet's formula (framework/fleet/sizing.py), for the one-GPU replicas of vLLM's
+    defaults: replicas = ceil(target x (1 + headroom) / capacity), cost per hour = replicas x
+    GPUs per replica (TP x PP = 1) x the price of a GPU-hour."""
+    replicas = math.ceil(target_rps * (1 + HEADROOM) / capacity_rps)
+    return replicas, replicas * 1 * gpu_hour
+
+
+def per_mtok(gpu_hour: float, tok_s: float) -> float:
+    """Cost of a million output tokens on one replica: price / (tok/s x 3600) x 1e6."""
+    return gpu_hour / (tok_s * 3600) * 1e6
 
 
 def plan(engine: str = "cpu", gpu: str | None = None, tp: int = 1, pp: int = 1,
@@ -133,7 +153,8 @@ def test_ray_serve_llm_rejects_a_broken_config(change, reason):
 # --- the commands on stored rows -------------------------------------------------------------
 
 def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str, capacities: list[float],
-                   tok_s: float, workload_digest: str = "w" * 64, target: float | None = 25.0) -> Path:
+                   tok_s: float, workload_digest: str = "w" * 64,
+                   target: float | None = TARGET_RPS) -> Path:
     """A stored GPU sweep in capacity mode: trial 0 the defaults, then one trial per further
     capacity; one server each (no noise measured), so the defaults ship."""
     space = load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml")
@@ -157,7 +178,7 @@ def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str, capacities:
         "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
         "sla": {"p99_ttft_ms": 500},
         "capacity": {"start_rate": 1.0},
-        **({"target": {"request_rate": target, "headroom": 0.2}} if target else {}),
+        **({"target": {"request_rate": target, "headroom": HEADROOM}} if target else {}),
         "results_dir": str(tmp / "results")}))
     return path
 
@@ -171,30 +192,40 @@ def test_compare_picks_the_cheapest_fleet(tmp_path, tiny_model):
     # 3600) x 1e6 = 0.89
     h100 = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0)
     l4 = capacity_sweep(tmp_path, tiny_model, "l4", "L4-24GB", [2.5, 2.0], 250.0)
+    h100_n, h100_cost = fleet(TARGET_RPS, 10.0, H100_HOUR)
+    l4_n, l4_cost = fleet(TARGET_RPS, 2.5, L4_HOUR)
+    assert l4_cost < h100_cost  # the premise: more, cheaper GPUs win at this target
     res = cli_in_process("compare", str(h100), str(l4))
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "h100 (gpu H100-80GB; gpu: 8 x H100-80GB): ships vLLM's defaults" in out
-    assert "3 replicas x 1 = 3 devices, 11.85 USD/hour" in out
-    assert "12 replicas x 1 = 12 devices, 9.59 USD/hour" in out
-    assert "per million output tokens 1.10 USD" in out and "per million output tokens 0.89 USD" in out
-    assert out.strip().splitlines()[-1].startswith("cheapest: l4 (gpu L4-24GB): 9.59 USD/hour, 12 replicas")
-    # --target 5: 6 req/s -> H100 1 replica (3.95/hour) beats L4's 3 (2.40/hour)? no: 3 x 0.7992
-    # = 2.40 < 3.95, L4 still; at 2 req/s: 2.4 -> H100 1 (3.95), L4 1 (0.80): L4
+    assert f"{h100_n} replicas x 1 = {h100_n} devices, {h100_cost:.2f} USD/hour" in out
+    assert f"{l4_n} replicas x 1 = {l4_n} devices, {l4_cost:.2f} USD/hour" in out
+    assert f"per million output tokens {per_mtok(H100_HOUR, 1000.0):.2f} USD" in out
+    assert f"per million output tokens {per_mtok(L4_HOUR, 250.0):.2f} USD" in out
+    assert out.strip().splitlines()[-1].startswith(
+        f"cheapest: l4 (gpu L4-24GB): {l4_cost:.2f} USD/hour, {l4_n} replicas")
+    # --target 5: 6 req/s -> H100 ceil(6 / 10) = 1 replica (3.95/hour), L4 ceil(6 / 2.5) = 3
+    # (3 x 0.7992 = 2.40/hour): L4 still
+    h100_n, h100_cost = fleet(5.0, 10.0, H100_HOUR)
+    l4_n, l4_cost = fleet(5.0, 2.5, L4_HOUR)
+    assert l4_cost < h100_cost
     res = cli_in_process("compare", str(h100), str(l4), "--target", "5")
-    assert "fleet for 5 req/s (headroom 20%): 1 replicas x 1 = 1 devices, 3.95 USD/hour" in res.stdout
-    assert "cheapest: l4 (gpu L4-24GB): 2.40 USD/hour, 3 replicas" in res.stdout
+    assert (f"fleet for 5 req/s (headroom 20%): {h100_n} replicas x 1 = {h100_n} devices, "
+            f"{h100_cost:.2f} USD/hour") in res.stdout
+    assert f"cheapest: l4 (gpu L4-24GB): {l4_cost:.2f} USD/hour, {l4_n} replicas" in res.stdout
 
 
 def test_without_a_target_compare_picks_the_cheapest_million_tokens(tmp_path, tiny_model):
     # H100 3.9492 / (1000 tok/s x 3600) x 1e6 = 1.10 USD; L4 0.7992 / (250 x 3600) x 1e6 = 0.89
     h100 = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0, target=None)
     l4 = capacity_sweep(tmp_path, tiny_model, "l4", "L4-24GB", [2.5, 2.0], 250.0, target=None)
+    assert per_mtok(L4_HOUR, 250.0) < per_mtok(H100_HOUR, 1000.0)
     res = cli_in_process("compare", str(h100), str(l4))
     assert res.returncode == 0 and "fleet for" not in res.stdout
     assert res.stdout.strip().splitlines()[-1] == (
-        "cheapest: l4 (gpu L4-24GB): 0.89 USD per million output tokens; by cost per million "
-        "output tokens of one replica (no target)")
+        f"cheapest: l4 (gpu L4-24GB): {per_mtok(L4_HOUR, 250.0):.2f} USD per million output "
+        "tokens; by cost per million output tokens of one replica (no target)")
 
 
 def test_compare_refuses_sweeps_of_different_workloads(tmp_path, tiny_model):
@@ -217,7 +248,10 @@ def test_export_json_carries_the_fleet(tmp_path, tiny_model):
     assert doc["trial"] == 0 and doc["verdict"] == "not_distinguishable"
     assert doc["objective"] == {"metric": "capacity_rps", "value": pytest.approx(10.0),
                                 "ci95": None, "servers": 1}
-    assert doc["fleet"]["replicas"] == 3 and doc["fleet"]["cost_per_hour"] == pytest.approx(11.8476)
+    # ceil(25 x 1.2 / 10) = 3 replicas x 1 GPU x 3.9492 USD per H100-hour = 11.8476 USD/hour
+    replicas, cost = fleet(TARGET_RPS, 10.0, H100_HOUR)
+    assert doc["fleet"]["replicas"] == replicas
+    assert doc["fleet"]["cost_per_hour"] == pytest.approx(cost)
     assert doc["serve_argv"][:3] == ["vllm", "serve", str(tiny_model)]
 
 
@@ -252,8 +286,11 @@ def test_target_from_trace_is_the_traces_mean_rate():
         "workload": {"dataset": "timed_trace", "timed_trace": {"sec_multiplier": 0.001},
                      "dataset_path": str(ROOT / "datasets" / "mooncake_sample.jsonl")},
         "target": {"from_trace": True}})
-    # 150 requests, timestamps 56 ms .. 33447 ms: 150 / 33.391 s = 4.492 req/s
-    assert target_of(Path("s.yaml"), spec).rps == pytest.approx(150 / 33.391)
+    # the file's requests over the span of its timestamps (ms, x 0.001 to s): 150 requests,
+    # 56 ms .. 33447 ms when written: 150 / 33.391 s = 4.492 req/s
+    stamps = [json.loads(line)["timestamp"] * 0.001
+              for line in (ROOT / "datasets" / "mooncake_sample.jsonl").read_text().splitlines()]
+    assert target_of(Path("s.yaml"), spec).rps == pytest.approx(len(stamps) / (max(stamps) - min(stamps)))
 
 
 def test_compare_takes_results_directories(tmp_path, tiny_model, monkeypatch):
@@ -270,8 +307,9 @@ def test_compare_takes_results_directories(tmp_path, tiny_model, monkeypatch):
     monkeypatch.chdir(elsewhere)
     res = cli_in_process("compare", "../results/h100", "../results/l4", cwd=elsewhere)
     assert res.returncode == 0, res.stderr
+    l4_n, l4_cost = fleet(TARGET_RPS, 2.5, L4_HOUR)
     assert res.stdout.strip().splitlines()[-1].startswith(
-        "cheapest: l4 (gpu L4-24GB): 9.59 USD/hour, 12 replicas")
+        f"cheapest: l4 (gpu L4-24GB): {l4_cost:.2f} USD/hour, {l4_n} replicas")
     (tmp_path / "results" / "l4" / "origin.json").unlink()
     res = cli_in_process("compare", "../results/h100", "../results/l4", cwd=elsewhere)
     assert res.returncode == 2 and "no origin.json here" in res.stderr

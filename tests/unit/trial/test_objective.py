@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from framework.trial.objective import error_rate
@@ -217,12 +219,13 @@ def test_repeated_runs_objective_is_the_mean_with_its_interval():
     runs = [run(400.0, 100.0), run(420.0, 110.0), run(440.0, 120.0)]
     verdict, extra = evaluate_repeated(runs, {"p99_ttft_ms": 500}, "output_throughput")
     assert verdict.objective == pytest.approx(110.0) and verdict.feasible
-    # hand computation: s = 10, h = 4.303 x 10 / sqrt(3) = 24.843
-    assert extra["objective_ci95_low"] == pytest.approx(85.157, abs=1e-3)
-    assert extra["objective_ci95_high"] == pytest.approx(134.843, abs=1e-3)
+    # hand computation: mean 110, s = 10, h = t(0.975, 2) x s / sqrt(n) = 4.303 x 10 / sqrt(3)
+    h = 4.303 * 10 / math.sqrt(3)  # 24.843
+    assert extra["objective_ci95_low"] == pytest.approx(110 - h)
+    assert extra["objective_ci95_high"] == pytest.approx(110 + h)
     assert extra["objective_cv"] == pytest.approx(10 / 110)
-    # ttft: mean 420, s = 20, h = 49.69 -> high 469.69
-    assert extra["p99_ttft_ms_ci95_high"] == pytest.approx(469.687, abs=1e-3)
+    # ttft: mean 420, s = 20, h = 4.303 x 20 / sqrt(3) = 49.69 -> high 469.69
+    assert extra["p99_ttft_ms_ci95_high"] == pytest.approx(420 + 4.303 * 20 / math.sqrt(3))
     assert extra["repeats"] == 3
 
 

@@ -17,8 +17,8 @@ from framework.trial.precision import width
 
 def test_width_of_runs_alone_is_students_interval():
     w = width([100.0, 110.0], Noise())
-    # sd 7.071, t(1) 12.706, sqrt(2): 12.706 * 7.071 / 105 / 1.414 = 0.605
-    assert w.within == pytest.approx(0.605, abs=1e-3)
+    # relative half-width: t(0.975, 1) x sd / sqrt(n) / mean, sd = sqrt(50) = 7.071: 0.605
+    assert w.within == pytest.approx(12.706 * math.sqrt(50) / math.sqrt(2) / 105)
     assert w.server == 0.0 and w.total == pytest.approx(w.within)
 
 

@@ -15,8 +15,8 @@ def test_interval_matches_a_hand_computation():
     # 100, 110, 120: mean 110, s = 10, t(0.975, 2) = 4.303, h = 4.303 * 10 / sqrt(3) = 24.843
     got = mean_ci([100.0, 110.0, 120.0])
     assert got.mean == 110.0
-    assert got.low == pytest.approx(110 - 24.8434, abs=1e-3)
-    assert got.high == pytest.approx(110 + 24.8434, abs=1e-3)
+    assert got.low == pytest.approx(110 - 4.303 * 10 / math.sqrt(3))
+    assert got.high == pytest.approx(110 + 4.303 * 10 / math.sqrt(3))
     assert got.cv == pytest.approx(10 / 110)
 
 
