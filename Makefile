@@ -2,7 +2,7 @@
 #   make demo   venv + vLLM CPU engine + tiny model, then a real sweep (sweeps/quickstart.yaml)
 #   make test   the same environment, then the checks and every test (what CI runs via .ci/run)
 # and one for the edit loop:
-#   make check  ruff, the import-linter layer contracts, and tests/unit (no server, no Ray)
+#   make check  ruff, the import-linter layer contracts, mypy, and tests/unit (no server, no Ray)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -55,6 +55,7 @@ demo: install model
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 check: lint model
 	$(BIN)/python -m pytest -ra tests/unit

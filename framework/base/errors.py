@@ -16,7 +16,7 @@ class ConfigError(SweepError):
         self.file, self.key, self.value, self.reason = file, key, value, reason
         super().__init__(f"{file}: {key}: {value!r}: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str, Any, str]]:
         return (ConfigError, (self.file, self.key, self.value, self.reason))
 
 
@@ -31,7 +31,7 @@ class TrialError(SweepError):
         self.reason, self.detail, self.log_tail = reason, detail, log_tail
         super().__init__(f"{reason}: {detail}")
 
-    def __reduce__(self):  # crosses Ray task boundaries
+    def __reduce__(self) -> tuple[type[TrialError], tuple[str, str, str]]:  # crosses Ray task boundaries
         return (TrialError, (self.reason, self.detail, self.log_tail))
 
 

@@ -148,7 +148,7 @@ class ServerActor:
         self._workers = []
         for index, bundle in enumerate(group.bundle_specs):
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
-            self._workers.append(FakeWorker.options(
+            self._workers.append(FakeWorker.options(  # type: ignore[attr-defined]  # @ray.remote: an ActorClass
                 num_cpus=0, num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy).remote())
         claims = ray.get([w.claim.remote() for w in self._workers], timeout=300)
         ranks = ranks_by_node([c["node_id"] for c in claims],

@@ -175,7 +175,7 @@ class RayLauncher:
         strategy = PlacementGroupSchedulingStrategy(
             group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
         holds_gpu = len(wanted) == 1 and wanted[0].get("GPU", 0) > 0
-        actor = ServerActor.options(
+        actor = ServerActor.options(  # type: ignore[attr-defined]  # @ray.remote: an ActorClass
             num_cpus=wanted[0].get("CPU", 0), num_gpus=wanted[0]["GPU"] if holds_gpu else 0,
             scheduling_strategy=strategy,
             runtime_env={"env_vars": self._env_for(wanted)}).remote()

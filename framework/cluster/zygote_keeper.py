@@ -102,7 +102,7 @@ class Zygotes:
         """`node_id`'s keeper and the ref of its socket path, the zygote started if need be
         (call with the lock held)."""
         if node_id not in self._nodes:
-            keeper = ZygoteKeeper.options(
+            keeper = ZygoteKeeper.options(  # type: ignore[attr-defined]  # @ray.remote: an ActorClass
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 runtime_env={"env_vars": self._env}).remote()
             self._nodes[node_id] = (keeper, keeper.start.remote())

@@ -19,7 +19,7 @@ def declared_problem(info: FieldInfo, value: Any, strict: bool = False) -> str |
     validation)."""
     if value is None:
         return None
-    hint = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    hint: Any = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
     try:
         TypeAdapter(hint).validate_python(value, strict=strict)
     except ValidationError as exc:

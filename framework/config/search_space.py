@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 from typing import Literal
+from typing import TypeVar
 
 from pydantic import BaseModel
 from pydantic import ConfigDict
@@ -41,6 +42,8 @@ from pydantic import model_validator
 
 from framework.base.vocabulary import Scalar
 from framework.config.yaml_io import load_validated
+
+_V = TypeVar("_V")  # what server_params filters: parameters, or their values
 
 # Run settings a search space may vary (kind: run), and the workload field each one sets.
 RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",
@@ -186,8 +189,8 @@ class SearchSpace(BaseModel):
     def run_params(self) -> tuple[str, ...]:
         return tuple(n for n, p in self.parameters.items() if p.kind == "run")
 
-    def server_params(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
-        """The values of `params` that are vLLM flags (kind: server)."""
+    def server_params(self, params: Mapping[str, _V]) -> dict[str, _V]:
+        """The entries of `params` that are vLLM flags (kind: server)."""
         return {n: v for n, v in params.items() if n not in self.run_params}
 
     def run_settings(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
@@ -201,11 +204,12 @@ class SearchSpace(BaseModel):
         at most `max_values`); [] when there are none."""
         names = [n for n in self.run_params if n in params]
         values = [discrete_values(self.parameters[n], max_values) for n in names]
-        if not names or any(v is None for v in values):
+        discrete = [v for v in values if v is not None]
+        if not names or len(discrete) < len(values):
             return []
         current = tuple(params[n] for n in names)
         return [{**params, **dict(zip(names, combo))}
-                for combo in itertools.product(*values) if combo != current]
+                for combo in itertools.product(*discrete) if combo != current]
 
     def run_combinations(self, max_values: int | None = SIBLING_VALUES) -> int:
         """How many combinations of values the run settings take (each discrete within

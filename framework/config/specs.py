@@ -35,8 +35,8 @@ from framework.config.spec_base import NAME as _NAME
 from framework.config.spec_base import Spec as _Spec
 from framework.config.target_spec import PricingSpec
 from framework.config.target_spec import TargetSpec
-from framework.config.workload_spec import NamedWorkloadSpec
-from framework.config.workload_spec import WorkloadSpec
+from framework.config.workload_spec import NamedWorkloadSpec as NamedWorkloadSpec  # re-exported
+from framework.config.workload_spec import WorkloadSpec as WorkloadSpec  # re-exported
 from framework.config.workloads_spec import first_workload
 from framework.config.workloads_spec import workloads_problem
 from framework.config.yaml_io import SecretInSweep

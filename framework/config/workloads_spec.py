@@ -21,10 +21,17 @@ from framework.config.mix_spec import RequestClassSpec
 from framework.config.yaml_io import EntryError
 
 
-class _Named(Protocol):
-    name: str
-    percentiles: tuple[float, ...]
-    mix: tuple[RequestClassSpec, ...]
+class _Mixed(Protocol):  # read-only members: the specs are frozen
+    @property
+    def mix(self) -> tuple[RequestClassSpec, ...]: ...
+
+
+class _Named(_Mixed, Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def percentiles(self) -> tuple[float, ...]: ...
 
 
 def check_workloads(workloads: Sequence[_Named]) -> str | None:
@@ -72,7 +79,7 @@ def first_workload(data: Any) -> Any:
     return {**data, "workload": first}
 
 
-def workloads_problem(workloads: Sequence[_Named], workload: _Named, sla: Mapping[str, float],
+def workloads_problem(workloads: Sequence[_Named], workload: _Mixed, sla: Mapping[str, float],
                       capacity: Any, search: Any) -> EntryError | None:
     """What is wrong with the sweep's workloads (None: nothing): check_workloads and
     combination_problem for several, or an SLA key naming a class no mix has."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 from typing import TypeVar
@@ -55,8 +56,9 @@ class EntryError(ValueError):
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects a key repeated in one mapping (PyYAML keeps the last silently)."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False):
-        seen: set = set()
+    def construct_mapping(self, node: yaml.MappingNode,
+                          deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[Hashable] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:

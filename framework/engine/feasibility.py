@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
+from typing import Any
 
 from framework.engine.memory_model import BLOCK_SIZE
 from framework.engine.memory_model import CUDA_CONTEXT_BYTES
@@ -87,7 +88,7 @@ class _Settings:
     block_size: int = BLOCK_SIZE
 
 
-def _normalized(flags: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
+def _normalized(flags: Mapping[str, FlagValue]) -> dict[str, bool | int | float | str]:
     return {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
 
 
@@ -107,7 +108,7 @@ def _ints(value: object) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", str(value)))
 
 
-def _compilation_config(f: Mapping[str, FlagValue]) -> dict[str, object]:
+def _compilation_config(f: Mapping[str, FlagValue]) -> dict[str, Any]:
     """--compilation-config as JSON (other forms are left to vLLM: {})."""
     try:
         found = json.loads(str(f.get("compilation-config", "{}")))

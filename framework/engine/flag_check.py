@@ -198,8 +198,9 @@ def parsed_number(name: str, value: Scalar) -> tuple[bool, int | float | None]:
 
     found = _cached("parsed", [name, value], [value], answer)
     if found is None:
-        number = not isinstance(value, bool) and isinstance(value, int | float)
-        return number, value if number else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False, None
+        return True, value
     return bool(found[0]), found[1]
 
 

@@ -34,6 +34,7 @@ import calendar
 import re
 from dataclasses import dataclass
 from dataclasses import fields
+from typing import Any
 
 SERVE_MARK = "vllm-sweep serve mark:"  # printed by engine.vllm_server.serve
 # vLLM's line head: LEVEL, then `YYYY-MM-DD HH:MM:SS.mmm` (ours) or `MM-DD HH:MM:SS` (vLLM's
@@ -83,7 +84,7 @@ STARTUP_PHASE_COLUMNS: list[tuple[str, str]] = [(name, "float")
                                                 for name in StartupPhases().columns()]
 
 
-def _epoch(groups: tuple[str | None, ...], year: int, offset: float) -> float:
+def _epoch(groups: tuple[Any, ...], year: int, offset: float) -> float:  # a match's groups
     """A local `year?, month, day, h, m, s, ms?` as epoch seconds (`offset`: epoch - local)."""
     y, mo, d, h, mi, s, ms = groups
     local = calendar.timegm((int(y) if y else year, int(mo), int(d), int(h), int(mi), int(s)))
@@ -96,7 +97,7 @@ def _last_start(log: str) -> tuple[float, list[tuple[str, float, str]]] | None:
     lines = log.splitlines()
     start = next((i for i in range(len(lines) - 1, -1, -1) if SERVE_MARK in lines[i]), None)
     mark = _MARK.search(lines[start]) if start is not None else None
-    if mark is None:
+    if start is None or mark is None:
         return None
     epoch, year = float(mark.group(1)), int(mark.group(2))
     offset = epoch - _epoch(mark.groups()[1:], year, 0.0)

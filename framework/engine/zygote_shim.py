@@ -78,7 +78,7 @@ def send_request(sock: socket.socket, header: dict, fds: Sequence[int]) -> None:
     sock.sendall(body)
 
 
-def read_replies(sock: socket.socket, on_pid: Callable[[int], None] = lambda pid: None) -> int:
+def read_replies(sock: socket.socket, on_pid: Callable[[int], object] = lambda pid: None) -> int:
     """Read "pid N" (passed to `on_pid`) then "exit CODE"; returns CODE. A zygote that dies
     first is -SIGKILL: its child died with it or is ended by its life pipe."""
     buf = b""

@@ -103,13 +103,13 @@ def k8s_manifests(d: Deployment) -> list[dict[str, object]]:
     if devices > 1:
         container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
         pod["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
-    deployment = {
+    deployment: dict[str, object] = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": dict(labels)},
         "spec": {"replicas": d.replicas or 1, "selector": {"matchLabels": dict(labels)},
                  "template": {"metadata": {"labels": dict(labels)}, "spec": pod}},
     }
-    service = {
+    service: dict[str, object] = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "labels": dict(labels)},
         "spec": {"selector": dict(labels), "type": "ClusterIP",

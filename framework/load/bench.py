@@ -81,7 +81,8 @@ def dataset_from_args(args: argparse.Namespace) -> Dataset:
                    output_len_override=out_len or args.sharegpt_output_len)
 
 
-def per_request_lists(result: LoadResult, requests: Sequence[RequestSpec]) -> dict[str, list]:
+def per_request_lists(result: LoadResult,
+                      requests: Sequence[RequestSpec]) -> dict[str, list[Any]]:
     """vllm bench's --save-detailed lists, one entry per request sent, in request order.
 
     A failed request has output length 0, TTFT and latency 0.0 and its planned prompt length
@@ -102,7 +103,7 @@ def per_request_lists(result: LoadResult, requests: Sequence[RequestSpec]) -> di
 
 def result_json(meta: Mapping[str, Any], metrics: Mapping[str, Any],
                 selected: Sequence[str], percentiles: Sequence[float], goodput: bool,
-                details: Mapping[str, list] | None, extra: Mapping[str, Any]) -> dict[str, Any]:
+                details: Mapping[str, list[Any]] | None, extra: Mapping[str, Any]) -> dict[str, Any]:
     """The result in vllm bench's key order: run settings, totals and throughputs, per-request
     lists (if ``details``), peaks, then mean/median/std/p{P} of the ``selected`` metrics only,
     then ``extra`` (our own keys). ``request_goodput`` is None without SLOs, as in vllm bench."""

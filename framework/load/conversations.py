@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from typing import TypeGuard
 
 import numpy as np
 
@@ -144,6 +145,6 @@ def turn_count(items: Sequence[RequestSpec] | Sequence[Session]) -> int:
     return sum(len(s.turns) if isinstance(s, Session) else 1 for s in items)
 
 
-def is_sessions(items: Sequence[object]) -> bool:
+def is_sessions(items: Sequence[object]) -> TypeGuard[Sequence[Session]]:
     """True when `items` are Sessions (a multi-turn load), False for requests or nothing."""
     return bool(items) and isinstance(items[0], Session)

@@ -30,7 +30,8 @@ def draw(dist: DistributionSpec, rng: np.random.Generator, size: int) -> np.ndar
         average = float(dist.average or 0.0)
         values = rng.lognormal(math.log(average * ratio), math.sqrt(2 * math.log(1 / ratio)),
                                size=size)
-    return np.minimum(values, dist.upper)
+    capped: np.ndarray = np.minimum(values, dist.upper)  # a ufunc's result is untyped
+    return capped
 
 
 def draw_counts(dist: DistributionSpec, rng: np.random.Generator, size: int) -> list[int]:

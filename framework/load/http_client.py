@@ -159,7 +159,8 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def exchange(self, request: bytes, on_body: Callable[[bytes], None]) -> asyncio.Future:
+    def exchange(self, request: bytes,
+                 on_body: Callable[[bytes], None]) -> asyncio.Future[ResponseReader]:
         """Send ``request``; the future resolves to the finished ResponseReader."""
         self._reader = ResponseReader(on_body)
         self._waiter = asyncio.get_running_loop().create_future()
@@ -192,7 +193,7 @@ class Connection(asyncio.Protocol):
     def _finish(self, exc: BaseException | None) -> None:
         reader, waiter = self._reader, self._waiter
         self._reader = self._waiter = None
-        if waiter is None or waiter.done():
+        if reader is None or waiter is None or waiter.done():  # set and cleared together
             return
         if exc is None:
             waiter.set_result(reader)

@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
 from framework.base.errors import ConfigError
 
@@ -176,8 +177,8 @@ def _csv_rows(path: Path, names: dict[str, str | None], multiplier: float,
             first = stamp if first is None else first
             if isinstance(stamp, datetime) != isinstance(first, datetime):
                 raise _fail(where, key, row[key], "mixes numbers and date-times in one column")
-            seconds = ((stamp - first).total_seconds() if isinstance(stamp, datetime)
-                       else float(stamp))  # type: ignore[operator]
+            seconds = ((stamp - cast(datetime, first)).total_seconds()
+                       if isinstance(stamp, datetime) else float(stamp))
             count += 1
             yield TraceRow(line=reader.line_num, timestamp_s=seconds * multiplier,
                            input_length=_whole(where, str(names["input_length"]),

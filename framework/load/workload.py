@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 from framework.config.trace_spec import TimedTraceSpec
-from framework.load.prompts import RequestSpec
+from framework.load.prompts import RequestSpec as RequestSpec  # re-exported
 from framework.load.prompts import allowed_token_ids
 from framework.load.prompts import fit_after_prefix
 from framework.load.prompts import fit_prompt_to_length
-from framework.load.prompts import load_tokenizer  # noqa: F401 - RequestSpec and load_tokenizer re-exported
+from framework.load.prompts import load_tokenizer as load_tokenizer  # re-exported
 from framework.load.prompts import num_special_tokens_to_add
 from framework.load.prompts import uniform_length_bounds
 from framework.load.sharegpt import read_sharegpt
@@ -168,7 +168,8 @@ def prefix_shared_requests(
     return requests
 
 
-DatasetName = Literal["random", "sharegpt", "prefix-shared", "timed_trace"]
+# multi_turn: sessions, drawn by sweep.trial_load, not by Dataset.requests
+DatasetName = Literal["random", "sharegpt", "prefix-shared", "timed_trace", "multi_turn"]
 DATASETS: tuple[str, ...] = ("random", "sharegpt", "prefix-shared", "timed_trace")
 
 

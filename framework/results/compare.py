@@ -13,6 +13,7 @@ A sweep without a price or without a fleet (no capacity measured) is shown but n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ def problems(entries: Sequence[Entry], check_target: bool = True) -> list[str]:
     """What makes these sweeps incomparable: different model or workload digests, objective,
     SLA or (`check_target`) target. Empty when they compare."""
     found: list[str] = []
-    facts = {
+    facts: dict[str, Callable[[Entry], object]] = {
         "model config digest": lambda e: e.model_sha256,
         "workload digest": lambda e: e.workload_sha256,
         "objective": lambda e: (e.spec.objective.metric, e.spec.objective.direction),
@@ -83,17 +84,17 @@ def _short(value: object) -> str:
 def cheapest(entries: Sequence[Entry], has_target: bool) -> Cheapest:
     """The module docstring's rule."""
     if has_target:
-        priced = [e for e in entries if e.shipped and e.shipped.fleet
+        fleets = [(e, e.shipped.fleet) for e in entries if e.shipped and e.shipped.fleet
                   and e.shipped.fleet.cost_per_hour is not None]
-        if not priced:
+        if not fleets:
             return Cheapest(None, "no sweep has both a fleet (capacity_rps measured) and a price")
-        best = min(priced, key=lambda e: (e.shipped.fleet.cost_per_hour, e.shipped.fleet.gpus,
-                                          e.spec.name))
+        best, _ = min(fleets, key=lambda p: (p[1].cost_per_hour, p[1].gpus, p[0].spec.name))
         return Cheapest(best, "cost per hour of the fleet that carries the target")
-    priced = [e for e in entries if e.shipped and e.shipped.cost_per_mtok is not None]
-    if not priced:
+    costs = [(e, e.shipped.cost_per_mtok) for e in entries
+             if e.shipped and e.shipped.cost_per_mtok is not None]
+    if not costs:
         return Cheapest(None, "no sweep has a price and a measured output throughput")
-    best = min(priced, key=lambda e: (e.shipped.cost_per_mtok, e.spec.name))
+    best, _ = min(costs, key=lambda p: (p[1], p[0].spec.name))
     return Cheapest(best, "cost per million output tokens of one replica (no target)")
 
 
@@ -112,8 +113,8 @@ def entry_lines(e: Entry) -> list[str]:
              f"[{s.verdict.kind}]", f"  {s.serve_command}"]
     if s.value is not None:
         ci = (f" (95% interval {number(s.value.low)}-{number(s.value.high)}, "
-              f"{s.value.servers} servers)" if s.value.low is not None else
-              " (noise unknown: no interval)")
+              f"{s.value.servers} servers)"
+              if s.value.low is not None and s.value.high is not None else " (noise unknown: no interval)")
         lines.append(f"  {s.objective} {with_unit(s.objective, s.value.value)}{ci}")
     if s.capacity_rps is not None and s.objective != "capacity_rps":
         lines.append(f"  capacity_rps {with_unit('capacity_rps', s.capacity_rps)}")
@@ -122,8 +123,8 @@ def entry_lines(e: Entry) -> list[str]:
              else f"{_money(s.price.per_replica_hour, currency)}/replica-hour ({s.price.source})")
     lines.append(f"  price {price}; per million output tokens "
                  f"{_money(s.cost_per_mtok, currency)}")
-    if s.fleet is not None:
-        f = s.fleet
+    f = s.fleet
+    if f is not None and f.target_rps is not None:  # a fleet always has its target
         fleet = ("no capacity measured: no fleet" if f.replicas is None else
                  f"{f.replicas} replicas x {s.tp * s.pp} = {f.gpus} devices, "
                  f"{_money(f.cost_per_hour, currency)}/hour")

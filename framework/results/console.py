@@ -24,8 +24,8 @@ from framework.config.target_spec import TargetSpec
 from framework.results.decision import fleet_answer
 from framework.results.decision import fleet_text
 from framework.results.early import causes_text
+from framework.results.early import cut_short
 from framework.results.early import stopped_text
-from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
 from framework.results.queries import result_label
 from framework.results.rows import param_column

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from framework.base.exit_codes import EXIT_NO_FEASIBLE  # noqa: F401 - re-exported for run
+from framework.base.exit_codes import EXIT_NO_FEASIBLE as EXIT_NO_FEASIBLE  # re-exported for run
 from framework.base.vocabulary import Scalar
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec

@@ -83,7 +83,8 @@ def _pct(fraction: float | None) -> str:
 def _sla_state(row: Mapping[str, object], sla: Mapping[str, float], metric: str
                ) -> tuple[list[str], list[str]]:
     """(exceeded, held) descriptions of the SLA limits on `metric` (ttft, tpot, itl)."""
-    exceeded, held = [], []
+    exceeded: list[str] = []
+    held: list[str] = []
     for key, limit in sla.items():
         if f"_{metric}_" not in key:
             continue

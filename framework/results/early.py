@@ -32,7 +32,7 @@ def cut_short(row: Mapping[str, object]) -> bool:
     if not text(row.get("stopped_early")):
         return False
     capacity = row.get("capacity_rps")
-    return not (isinstance(capacity, numbers.Real) and capacity > 0)
+    return not (isinstance(capacity, numbers.Real) and float(capacity) > 0)
 
 
 def requests_done(row: Mapping[str, object]) -> str:

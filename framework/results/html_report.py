@@ -34,8 +34,8 @@ from framework.config.specs import WorkloadSpec
 from framework.results.decision_report import decision_section
 from framework.results.diagnosis import diagnose
 from framework.results.early import causes_text
+from framework.results.early import cut_short
 from framework.results.quality_report import quality_section
-from framework.results.queries import cut_short
 from framework.results.queries import cut_short_mask
 from framework.results.queries import result_label
 from framework.results.queries import state_label

@@ -5,6 +5,7 @@ string from the rows is escaped."""
 from __future__ import annotations
 
 import html
+from typing import Any
 
 import pandas as pd
 
@@ -22,11 +23,11 @@ def _missing(value: object) -> bool:
     return value is None or bool(pd.isna(value))
 
 
-def _number(value: object, spec: str) -> str:
+def _number(value: Any, spec: str) -> str:  # a pandas cell
     return "-" if _missing(value) else format(float(value), spec)
 
 
-def _verdict(row: dict) -> tuple[str, str]:
+def _verdict(row: dict[str, Any]) -> tuple[str, str]:
     ok = row.get("quality_ok")
     if _missing(ok):
         return "unknown", "bad"

@@ -20,6 +20,7 @@ import math
 from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -45,7 +46,7 @@ def missing(value: object) -> bool:
     if value is None:
         return True
     try:
-        return bool(pd.isna(value))  # type: ignore[arg-type]
+        return bool(pd.isna(value))
     except (TypeError, ValueError):
         return False
 
@@ -56,7 +57,7 @@ def fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if hasattr(value, "item"):
-        return fmt(value.item())  # type: ignore[union-attr]
+        return fmt(value.item())
     return str(value)
 
 
@@ -135,7 +136,7 @@ def _baseline(done: pd.DataFrame) -> pd.DataFrame:
     return done[done["is_baseline"] == True] if "is_baseline" in done else done.iloc[0:0]  # noqa: E712
 
 
-def _star(xs: list, ys: list, show: bool = True) -> go.Scatter:
+def _star(xs: list[Any], ys: list[Any], show: bool = True) -> go.Scatter:
     return go.Scatter(x=xs, y=ys, mode="markers", name=BASELINE_NAME, legendgroup="baseline",
                       showlegend=show, hoverinfo="skip",
                       marker={"symbol": "star", "size": 18, "color": "rgba(0,0,0,0)",

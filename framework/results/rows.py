@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from framework import __version__
 from framework.base.vocabulary import Scalar
@@ -52,7 +53,7 @@ REQUEST_COLUMNS: list[tuple[str, str]] = [
 ]
 
 
-def plain(value: object) -> object:
+def plain(value: Any) -> Any:
     """numpy / pandas scalars -> Python scalars (for YAML and Optuna)."""
     return value.item() if hasattr(value, "item") else value
 
@@ -189,7 +190,7 @@ def trial_state(outcome: TrialOutcome) -> str:
 
 def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
               columns: Sequence[tuple[str, str]],
-              intervals: Mapping[str, float | None] | None = None) -> dict[str, object]:
+              intervals: Mapping[str, float | str | None] | None = None) -> dict[str, object]:
     """One trial table row; absent values are None (null). `intervals`: the repeated-runs
     columns from objective.evaluate_repeated."""
     row: dict[str, object] = {name: None for name, _ in columns}
@@ -241,9 +242,9 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         row["feasible"] = verdict.feasible
         row["sla_violations"] = "; ".join(verdict.violations)
         row["objective"] = verdict.objective
-    for key, value in (intervals or {}).items():
+    for key, interval in (intervals or {}).items():
         if key in row:
-            row[key] = int(value) if key == "repeats" and value is not None else value
+            row[key] = int(interval) if key == "repeats" and interval is not None else interval
     row.update(ctx.provenance or {})
     row.update(ctx.fleet or {})
     row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psutil
@@ -127,7 +128,7 @@ def sweep_status(trials: pd.DataFrame, target: int, maximize: bool,
                            if objective_metric is not None else None))
 
 
-def _trial_text(row: dict, objective: str) -> str:
+def _trial_text(row: dict[str, Any], objective: str) -> str:
     """`trial N: <objective> = <value with unit>, <result_label>` (no value unless COMPLETE)."""
     value = (f"{objective} = {with_unit(objective, row.get('objective'))}, "
              if row["state"] == "COMPLETE" else "")

@@ -22,10 +22,14 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KINDS: dict[str, pa.DataType] = {
     "int": pa.int64(),
@@ -143,7 +147,7 @@ class ResultStore:
             return set()
         return {int(p.stem.split("-")[1]) for p in folder.glob("trial-*.parquet")}
 
-    def read_trials(self):
+    def read_trials(self) -> pd.DataFrame:
         """All trial rows as a pandas DataFrame ordered by trial number (empty if none)."""
         import pandas as pd
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -125,10 +126,11 @@ def gain_interval(best: Estimate, base: Estimate, df: int, maximize: bool) -> Ga
 
 
 def _member(row: Mapping[str, object]) -> Member:
-    cv, n = row.get("objective_cv"), row.get("repeats")
-    own = (float(cv) ** 2 / int(n)  # type: ignore[arg-type]
-           if _num(cv) and _num(n) and int(n) >= 2 else None)  # type: ignore[arg-type]
-    return float(row["objective"]), own  # type: ignore[arg-type]
+    cv: Any = row.get("objective_cv")  # a trial row's cells, from pandas
+    n: Any = row.get("repeats")
+    own = float(cv) ** 2 / int(n) if _num(cv) and _num(n) and int(n) >= 2 else None
+    objective: Any = row["objective"]
+    return float(objective), own
 
 
 def _num(value: object) -> bool:

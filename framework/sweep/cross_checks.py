@@ -25,6 +25,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
@@ -97,6 +98,11 @@ def length_problem(lengths: RequestLengths, max_lens: Sequence[Number]) -> str |
             "api_utils.py, get_max_tokens)")
 
 
+def _known(values: Sequence[Number | None]) -> TypeGuard[Sequence[Number]]:
+    """No None (vLLM's default) among `values`."""
+    return None not in values
+
+
 def chunk_problem(chunked: Sequence[bool | None], tokens: Sequence[Number | None],
                   max_lens: Sequence[Number | None]) -> str | None:
     """Chunked prefill off and max-num-batched-tokens < max-model-len in every trial: vLLM
@@ -104,7 +110,7 @@ def chunk_problem(chunked: Sequence[bool | None], tokens: Sequence[Number | None
     max-num-batched-tokens raised to max-model-len when it is off
     (vllm/engine/arg_utils.py, EngineArgs._set_default_max_num_seqs_and_batched_tokens_args).
     Pure."""
-    if any(c is not False for c in chunked) or None in tokens or None in max_lens:
+    if any(c is not False for c in chunked) or not _known(tokens) or not _known(max_lens):
         return None
     if max(tokens) >= min(max_lens):
         return None
@@ -117,7 +123,7 @@ def seqs_problem(tokens: Sequence[Number | None], seqs: Sequence[Number | None])
     """max-num-batched-tokens < max-num-seqs in every trial: vLLM refuses to start
     (SCHEDULER). None (vLLM's defaults) is left out: vLLM lowers a default max-num-seqs to
     max-num-batched-tokens. Pure."""
-    if None in tokens or None in seqs or max(tokens) >= min(seqs):
+    if not _known(tokens) or not _known(seqs) or max(tokens) >= min(seqs):
         return None
     return (f"max-num-batched-tokens (at most {max(tokens)}) < max-num-seqs (at least "
             f"{min(seqs)}) in every trial: vLLM refuses to start ({SCHEDULER})")
@@ -167,7 +173,7 @@ def flag_values(name: str, spec: SweepSpec, space: SearchSpace) -> list[Scalar |
     param = space.parameters.get(name)
     if param is None:
         return [None]
-    values = list(dict.fromkeys(v for _, v in probe_values(param)))
+    values: list[Scalar | None] = list(dict.fromkeys(v for _, v in probe_values(param)))
     return [*values, None] if param.when else values
 
 
@@ -209,7 +215,7 @@ def check_workload_fits(path: Path, spec: SweepSpec, space: SearchSpace,
     lens = _numbers("max-model-len", flag_values("max-model-len", spec, space))
     if lens is not None:
         lens = [model_max if v is None else math.inf if v == -1 else v for v in lens]
-    if lengths and lens and None not in lens and (problem := length_problem(lengths, lens)):
+    if lengths and lens and _known(lens) and (problem := length_problem(lengths, lens)):
         if "max-model-len" in spec.server.args:
             raise ConfigError(str(path), "server.args.max-model-len",
                               spec.server.args["max-model-len"], problem)
@@ -225,10 +231,10 @@ def check_workload_fits(path: Path, spec: SweepSpec, space: SearchSpace,
     where = _where("max-num-batched-tokens", path, spec)
     chunked = [c if isinstance(c, bool) else None
                for c in flag_values("enable-chunked-prefill", spec, space)]
-    if lens is not None and (problem := chunk_problem(chunked, tokens, lens)):
+    if lens is not None and (problem := chunk_problem(chunked, tokens, lens)) and _known(tokens):
         raise ConfigError(*where, max(tokens), problem)
     seqs = _numbers("max-num-seqs", flag_values("max-num-seqs", spec, space))
-    if seqs is not None and (problem := seqs_problem(tokens, seqs)):
+    if seqs is not None and (problem := seqs_problem(tokens, seqs)) and _known(tokens):
         raise ConfigError(*where, max(tokens), problem)
 
 
@@ -260,8 +266,8 @@ def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: boo
         one = spec.model_copy(update={"workload": view})
         if vllm_rules:
             check_workload_fits(path, one, space, lengths)
-        if found := metric_problem(one, lengths):
-            raise ConfigError(str(path), *found)
+        if bad := metric_problem(one, lengths):
+            raise ConfigError(str(path), *bad)
 
 
 def workload_views(spec: SweepSpec) -> list[WorkloadSpec]:

@@ -132,9 +132,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             args.target, sw.spec.target.headroom if sw.spec.target else 0.0)
         found = deploy.shipped(trials, sw.spec, list(sw.space.parameters), sw.space.run_params,
                                target=target, price_of=sw.price)
-        shipped = found if isinstance(found, deploy.Shipped) else None
-        entries.append(Entry(sw.spec, shipped, shipped.verdict if shipped else found,
-                             *digests(trials)))
+        if isinstance(found, deploy.Shipped):
+            entries.append(Entry(sw.spec, found, found.verdict, *digests(trials)))
+        else:
+            entries.append(Entry(sw.spec, None, found, *digests(trials)))
     differ = problems(entries, check_target=args.target is None)
     if differ and not args.allow_different:
         raise ConfigError(" vs ".join(args.sweeps), "compare", "", "; ".join(differ)

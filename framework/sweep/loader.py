@@ -91,10 +91,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
             raise ConfigError(str(spec.search_space), f"parameters.{name}", "<hidden>",
                               "an API key is not a parameter; name its variable in "
                               "server.api_key_env")
-    name = spec.server.api_key_env
-    if check_flags and name is not None and not os.environ.get(name):
-        raise ConfigError(str(path), "server.api_key_env", name,
-                          f"environment variable {name} is not set (it holds the servers' API key)")
+    key_env = spec.server.api_key_env
+    if check_flags and key_env is not None and not os.environ.get(key_env):
+        raise ConfigError(str(path), "server.api_key_env", key_env,
+                          f"environment variable {key_env} is not set (it holds the servers' API key)")
     if spec.capacity is not None and "request-rate" in space.run_params:
         raise ConfigError(str(spec.search_space), "parameters.request-rate", "kind: run",
                           "capacity mode searches the request rate itself; drop this parameter")

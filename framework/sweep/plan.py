@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
+from typing import Any
 
 from framework.engine.feasibility import Feasibility
 
@@ -72,7 +73,7 @@ def configurations(space: SearchSpace) -> Iterator[dict[str, Scalar]]:
     """Every configuration of a discrete space, conditional parameters only where active."""
     names = list(space.parameters)
     seen: set[tuple] = set()
-    values = [discrete_values(space.parameters[n]) or [None] for n in names]
+    values: list[list[Any]] = [discrete_values(space.parameters[n]) or [None] for n in names]
     for combo in itertools.product(*values):
         config: dict[str, Scalar] = {}
         for name, value in zip(names, combo):

@@ -32,6 +32,7 @@ from dataclasses import replace
 from datetime import UTC
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from typing import Protocol
 
 from rich.console import Console
@@ -285,8 +286,8 @@ class Runner:
     def _collect_finished(self, loop: _Loop) -> None:
         """Wait (up to 1 s) for a trial or a background stop to end; record every finished
         trial, settle its server, queue what follows from it."""
-        finished, _ = wait([*loop.running, *self._pool.stops_running()], timeout=1.0,
-                           return_when=FIRST_COMPLETED)
+        waiting: list[Future[Any]] = [*loop.running, *self._pool.stops_running()]
+        finished, _ = wait(waiting, timeout=1.0, return_when=FIRST_COMPLETED)
         for fut in (f for f in finished if f in loop.running):
             running = loop.running.pop(fut)
             plan, outcome = running.plan, fut.result()

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
@@ -74,7 +75,8 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
         draw, count = _session_draw(w), w.sessions.num_sessions
     try:
         measured = draw(tok, count, w.seed)
-        warmup = draw(tok, w.warmup_requests, w.seed + 1) if w.warmup_requests else []
+        warmup: list[Any] = (draw(tok, w.warmup_requests, w.seed + 1)  # multi_turn: sessions
+                             if w.warmup_requests else [])
     except ValueError as exc:
         raise ConfigError(str(w.dataset_path or "workload"), "workload.dataset", w.dataset,
                           str(exc)) from None

@@ -34,7 +34,7 @@ class Judged:
 
     outcome: TrialOutcome
     verdict: Verdict | None
-    intervals: dict[str, object] | None
+    intervals: dict[str, float | str | None] | None  # row columns
     each: list[Verdict]
     fleet: dict[str, object]
 
@@ -45,21 +45,23 @@ def judge(outcome: TrialOutcome, sla: Mapping[str, float], objective: ObjectiveS
     """The module docstring's judgement of `outcome` on `devices` devices; `judged`: SLA
     values measured once per trial (the quality probe's), `sizing`: the fleet's target,
     price and replica shape."""
-    verdict, intervals, each = None, None, []
+    verdict: Verdict | None = None
+    intervals: dict[str, float | str | None] | None = None
+    each: list[Verdict] = []
     target, price, tp, pp = sizing.target, sizing.price, sizing.tp, sizing.pp
     if outcome.ok:
         runs = with_objectives([per_device(r, devices) for r in outcome.runs or (outcome.metrics,)],
                                target, price, tp, pp)
         outcome = replace(outcome, metrics=with_objectives(
             [per_device(outcome.metrics, devices)], target, price, tp, pp)[0])
-        verdict, intervals = evaluate_repeated(runs, sla, objective.metric, objective.pareto_with,
-                                               sla_on, judged)
+        verdict, repeated = evaluate_repeated(runs, sla, objective.metric, objective.pareto_with,
+                                              sla_on, judged)
         if outcome.workloads:  # the SLA on each workload, their objectives aggregated
             results, verdict, each = judge_workloads(outcome.workloads, devices, sla, objective,
                                                      judged)
             outcome = replace(outcome, workloads=results)
-        intervals.update(precision_columns([float(r[objective.metric]) for r in runs
-                                            if objective.metric in r],  # no value: none
-                                           precision, outcome.precision_stop))
-    return Judged(outcome, verdict, intervals,  # type: ignore[arg-type]
+        intervals = {**repeated, **precision_columns([float(r[objective.metric]) for r in runs
+                                                      if objective.metric in r],  # no value: none
+                                                     precision, outcome.precision_stop)}
+    return Judged(outcome, verdict, intervals,
                   each, fleet_values(outcome.metrics, target, price, tp, pp))

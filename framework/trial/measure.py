@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
+from typing import Any
 
 from framework.load.conversations import is_sessions
 from framework.load.conversations import turn_count
@@ -234,6 +235,7 @@ def run_once(base_url: str, plan: LoadPlan, requests: Sequence[RequestSpec],
              deadline: Deadline, doing: str, duration_s: float | None = None) -> LoadResult:
     """One run of the load generator, cut at the trial's deadline (TrialError trial_timeout);
     sessions (a multi-turn load) go through the session driver."""
+    common: dict[str, Any]  # keyword arguments of run_load and run_sessions
     common = dict(arrivals=arrivals, max_concurrency=plan.max_concurrency,
                   ignore_eos=plan.ignore_eos, timeout_s=plan.request_timeout_s, on_done=on_done,
                   endpoint=plan.endpoint, duration_s=duration_s, api_key=plan.api_key,
@@ -345,10 +347,10 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
             phase(f"stopped early after {len(step.records)}/{total} requests: "
                   f"{why}{step.stopped}")
             break
-        if (why := _enough(plan, runs, time.perf_counter() - t0)) is not None:
-            m.precision_stop = why
+        if (stop := _enough(plan, runs, time.perf_counter() - t0)) is not None:
+            m.precision_stop = stop
             if index + 1 < len(sets):
-                phase(f"measured {len(runs)} run(s): {why}")
+                phase(f"measured {len(runs)} run(s): {stop}")
             break
     if plan.precision is not None and m.precision_stop is None:
         m.precision_stop = f"cap: {len(runs)} runs"

@@ -132,7 +132,7 @@ def pooled_noise(groups: Sequence[Sequence[tuple[float, float | None]]],
 
 
 def precision_columns(values: Sequence[float], rule: PrecisionRule | None,
-                      stop: str | None) -> dict[str, object]:
+                      stop: str | None) -> dict[str, float | str | None]:
     """The trial row's precision columns: the target, the half-widths reached (relative:
     total, run-to-run, server-to-server; None where unknown), whether the target was reached
     and why measuring stopped. Empty without a rule or values."""
