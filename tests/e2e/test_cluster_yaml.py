@@ -1,6 +1,7 @@
-"""cluster.yaml against what it must fit: the shipped sweeps' GPUs, and Ray 2.60's token
-authentication as the file sets it up (the head makes the token, workers get the head's copy,
-`ray job submit` and vllm-sweep's own join present it).
+"""cluster.yaml against Ray 2.60's token authentication as the file sets it up (the head makes
+the token, workers get the head's copy, `ray job submit` and vllm-sweep's own join present it).
+Its GPU node types against the shipped sweeps' GPUs (no process started) are checked in
+tests/unit/test_cluster_yaml.py, which also reads the file for these tests (`cluster`).
 
 The token tests run the file's own token commands in a throwaway HOME, then re-enact its start
 commands on this machine: a head and a worker from `ray start` with RAY_AUTH_MODE=token, a
@@ -21,77 +22,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
-from framework.engine.feasibility import GPUS
-from tests.helpers import ROOT
 from tests.helpers import cli_env
 from tests.helpers import free_ports
 from tests.helpers import new_marker
 from tests.helpers import ray_head_argv
 from tests.helpers import stop_group
 from tests.helpers import wait_no_marked_processes
+from tests.unit.test_cluster_yaml import cluster
 
-CLUSTER = ROOT / "cluster.yaml"
 VENV = Path(sys.executable).parent.parent
 RAY = str(VENV / "bin" / "ray")
-
-# AWS instance type -> (GPU name as in framework.engine.feasibility.GPUS, GPUs per instance).
-# Source: AWS's instance-type pages "Amazon EC2 P4 Instances" (p4d.24xlarge: 8 x A100 40 GB;
-# p4de.24xlarge: 8 x A100 80 GB) and "Amazon EC2 P5 Instances" (p5.48xlarge: 8 x H100 80 GB).
-AWS_GPUS: dict[str, tuple[str, int]] = {
-    "p4d.24xlarge": ("A100-40GB", 8),
-    "p4de.24xlarge": ("A100-80GB", 8),
-    "p5.48xlarge": ("H100-80GB", 8),
-}
-
-
-def cluster() -> dict:
-    return yaml.safe_load(CLUSTER.read_text())
-
-
-def gpu_node_types(cfg: dict) -> dict[str, tuple[str, int, dict]]:
-    """Node type name -> (GPU name, GPUs per instance, node type) for every type with GPUs."""
-    out = {}
-    for name, node in cfg["available_node_types"].items():
-        instance = node["node_config"]["InstanceType"]
-        if instance in AWS_GPUS:
-            out[name] = (*AWS_GPUS[instance], node)
-    return out
-
-
-def sweep_gpus() -> set[str]:
-    found = set()
-    for path in sorted((ROOT / "sweeps").glob("*.yaml")):
-        gpu = (yaml.safe_load(path.read_text()) or {}).get("gpu")
-        if gpu:
-            found.add(gpu)
-    return found
-
-
-def test_every_sweep_gpu_has_a_node_type_with_that_gpu_and_count():
-    cfg = cluster()
-    types = gpu_node_types(cfg)
-    wanted = sweep_gpus()
-    assert {"A100-80GB", "H100-80GB"} <= wanted  # the shipped sweeps' GPUs, read from the files
-    for gpu in wanted:
-        matching = [name for name, (g, _, _) in types.items() if g == gpu]
-        assert matching, f"no node type in cluster.yaml has {gpu} (types: {types})"
-    for name, (gpu, count, node) in types.items():
-        assert gpu in GPUS, (name, gpu)
-        assert node["resources"] == {"GPU": count}, (name, node["resources"])
-
-
-def test_gpu_nodes_are_known_instances_and_one_gpu_type_starts_at_a_time():
-    """Every node with a GPU-looking instance type is in the table; trials ask for {GPU: 1}, so
-    two GPU types able to start workers would mix GPUs within one sweep."""
-    cfg = cluster()
-    types = gpu_node_types(cfg)
-    for name, node in cfg["available_node_types"].items():
-        if node["resources"].get("GPU"):
-            assert name in types, f"{name}: {node['node_config']['InstanceType']} not in AWS_GPUS"
-    startable = {gpu for gpu, _, node in types.values() if node.get("max_workers", 0) > 0}
-    assert len(startable) == 1, startable
 
 
 def fake_home(tmp: Path, name: str) -> Path:
