@@ -41,6 +41,31 @@ def shape_of(flags: Mapping[str, Scalar | None]) -> Shape:
                  pp=int(flags.get("pipeline-parallel-size") or 1))
 
 
+def executor_problem(backend: str | None, shape: Shape, data_parallel: int = 1) -> str | None:
+    """Why a GPU trial with this distributed-executor-backend (None: vllm-sweep's choice, ray
+    when TP x PP > 1), shape and data-parallel-size cannot run in its placement group (None:
+    it can). Pure.
+    - mp at TP x PP > 1: the server actor holds no GPU and CUDA_VISIBLE_DEVICES is unset, so
+      vLLM's mp workers take physical GPUs 0..N-1, those of other trials;
+    - ray at TP x PP = 1: the actor holds the bundle's only GPU (launcher.launch) and vLLM's
+      Ray worker asks for a GPU in that same bundle: it never starts;
+    - data-parallel-size > 1: the group has TP x PP bundles, one replica's (`bundles`)."""
+    world = shape.world_size
+    if data_parallel > 1:
+        return (f"data-parallel-size {data_parallel} is not supported yet: a trial's placement "
+                f"group holds TP x PP = {world} GPUs, one replica's (#32)")
+    if backend == "mp" and world > 1:
+        return (f"the mp executor at TP {shape.tp} x PP {shape.pp} = {world} workers would take "
+                f"physical GPUs 0..{world - 1}, other trials' (the server actor holds no GPU and "
+                "CUDA_VISIBLE_DEVICES is unset): leave distributed-executor-backend out "
+                "(vllm-sweep sets ray) or set ray")
+    if backend == "ray" and world == 1:
+        return ("the ray executor at TP x PP = 1 never starts: the server actor holds the "
+                "bundle's only GPU and vLLM's Ray worker asks for one in that same bundle; "
+                "leave distributed-executor-backend out at TP x PP = 1")
+    return None
+
+
 def bundles(shape: Shape, engine: str, cpus_per_worker: int) -> list[Bundle]:
     """One bundle per worker. GPU engine: {GPU: 1} (+1 CPU in bundle 0 for the server actor);
     CPU engine: {CPU: cpus_per_worker} (the server actor shares bundle 0's CPUs)."""

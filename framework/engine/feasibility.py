@@ -32,6 +32,7 @@ from framework.engine.memory_model import GpuSpec
 from framework.engine.memory_model import ModelFacts
 from framework.engine.memory_model import batch_defaults
 from framework.engine.memory_model import blocks_for
+from framework.engine.memory_model import comm_init_bytes
 from framework.engine.memory_model import cudagraph_capture_sizes
 from framework.engine.memory_model import cudagraph_counts
 from framework.engine.memory_model import gpu_budget
@@ -198,16 +199,21 @@ def _static_rules(m: ModelFacts, s: _Settings, num_devices: int | None) -> list[
     return reasons
 
 
-def _startup_headroom(memory: float, utilization: float) -> str | None:
+def _startup_headroom(memory: float, utilization: float, tp: int, pp: int) -> str | None:
     """vLLM refuses to start unless the free memory at its start-up snapshot, total less the
-    CUDA context, covers ceil(total x utilization) (vllm/v1/worker/utils.py, request_memory)."""
+    CUDA context and (TP x PP > 1) the communication buffers, covers ceil(total x
+    utilization) (vllm/v1/worker/utils.py, request_memory)."""
     left = memory - requested_bytes(memory, utilization)
-    if left >= CUDA_CONTEXT_BYTES:
+    comm = comm_init_bytes(tp, pp)
+    if left >= CUDA_CONTEXT_BYTES + comm:
         return None
+    held = f"~{_gib(CUDA_CONTEXT_BYTES)} CUDA context"
+    if comm:
+        held += (f" and ~{_gib(comm)} of NCCL and all-reduce buffers at TP {tp} x PP {pp} "
+                 f"(~{_gib(CUDA_CONTEXT_BYTES + comm)})")
     return (f"gpu-memory-utilization {utilization:g} leaves {_gib(max(left, 0))} of the "
-            f"{_gib(memory)} outside vLLM's share, less than the ~{_gib(CUDA_CONTEXT_BYTES)} "
-            "CUDA context: vLLM's start-up check fails (free memory less than desired GPU "
-            "memory utilization)")
+            f"{_gib(memory)} outside vLLM's share, less than the {held}: vLLM's start-up "
+            "check fails (free memory less than desired GPU memory utilization)")
 
 
 def _check(m: ModelFacts, s: _Settings, memory: tuple[float, float] | None, kv_space: float,
@@ -222,7 +228,7 @@ def _check(m: ModelFacts, s: _Settings, memory: tuple[float, float] | None, kv_s
         if name is not None and name not in known:
             warnings.append(f"{name!r} is unknown to the memory model: counted at the model "
                             "dtype's size")
-    if memory and (problem := _startup_headroom(memory[0], memory[1])):
+    if memory and (problem := _startup_headroom(memory[0], memory[1], tp, pp)):
         reasons.append(problem)
     graphs = cudagraph_counts(s.capture_sizes, s.max_num_seqs, s.cudagraph_mode)
     if memory:

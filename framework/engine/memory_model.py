@@ -9,8 +9,9 @@ vllm/utils/mem_utils.py, memory_profiling, and vllm/v1/worker/utils.py, request_
 On GPU vLLM 0.32 runs Model Runner V2 (vllm/config/vllm.py, VllmConfig.use_v2_model_runner:
 on unless VLLM_USE_V2_MODEL_RUNNER=0 or an unsupported feature), whose profile run and graph
 capture live in vllm/v1/worker/gpu/.
-The CUDA context and NCCL set-up come before the start-up snapshot: they are not charged to
-the budget, but must fit in the (1 - utilization) share left over (request_memory).
+The CUDA context and, at TP x PP > 1, NCCL's and the custom all-reduce's buffers
+(comm_init_bytes) come before the start-up snapshot: they are not charged to the budget, but
+must fit in the (1 - utilization) share left over (request_memory).
 
 Symbols: V vocab, H hidden, L layers, nh / kv attention / KV heads, d head dim, I intermediate
 size, b bytes per value of the running dtype, T max-num-batched-tokens, S max-num-seqs.
@@ -43,6 +44,22 @@ BLOCK_SIZE = 16  # vllm/config/cache.py, CacheConfig.DEFAULT_BLOCK_SIZE
 # V2 runner's shape ("Estimated PIECEWISE/FULL CUDA graph memory: 138 / 260 MiB first-capture
 # + (51-1) x 6 MiB per-graph").
 CUDA_CONTEXT_BYTES = 0.51 * GIB
+# Communication buffers allocated before the start-up snapshot at TP x PP > 1: vLLM sets up its
+# process groups first (vllm/v1/worker/gpu_worker.py, Worker.init_device: "Initialize the
+# distributed environment BEFORE taking memory snapshot"), and each group's PyNcclCommunicator
+# runs a warm-up all-reduce (vllm/distributed/device_communicators/pynccl.py), which connects
+# NCCL's channels. NCCL: 10 MiB per channel and connection, its Simple FIFO (NCCL_BUFFSIZE,
+# documented default 4 MiB) + LL128 (~4.7 MiB) + LL (0.5 MiB) in 2 MiB granules (the
+# 10485760-byte allocations of NCCL_DEBUG_SUBSYS=ALLOC, NVIDIA/nccl#1685), x 32 channels
+# (NCCL's maximum, reached over H100 NVLink: same issue) x 2 connections (ring, tree) = 640 MiB,
+# an upper end: PCIe GPUs open fewer channels. The TP group adds vLLM's custom all-reduce
+# (vllm/distributed/device_communicators/custom_all_reduce.py, CustomAllreduce.__init__):
+# meta + 8 MiB max_size, an 8 MiB buffer (max of 8 MiB all-reduce, 2 MiB all-gather, 16 MiB
+# reduce-scatter sizes: 16 MiB), and 8 MiB rank_data: 32 MiB.
+NCCL_CHANNEL_BYTES = 10 * MIB
+NCCL_CHANNELS = 32
+NCCL_INIT_BYTES = NCCL_CHANNELS * 2 * NCCL_CHANNEL_BYTES
+CUSTOM_ALL_REDUCE_BYTES = (8 + 16 + 8) * MIB
 NON_TORCH_BYTES_TP1 = 0.25 * GIB
 NON_TORCH_BYTES_TP = 2.1 * GIB
 CUDAGRAPH_FIRST_BYTES = 260 * MIB
@@ -222,6 +239,14 @@ def sampler_state_bytes(m: ModelFacts, seqs: int) -> float:
     PenaltiesState.__init__): S x V x 4 (int32 output_bin_counts)
     + S x ceil(V / 32) x 4 (prompt_bin_mask)."""
     return seqs * m.vocab_size * 4 + seqs * -(-m.vocab_size // 32) * 4
+
+
+def comm_init_bytes(tp: int, pp: int) -> float:
+    """Communication buffers allocated before vLLM's start-up snapshot (see the constants):
+    NCCL's when TP x PP > 1, plus the custom all-reduce's when TP > 1; 0 on one GPU."""
+    if tp * pp <= 1:
+        return 0.0
+    return NCCL_INIT_BYTES + (CUSTOM_ALL_REDUCE_BYTES if tp > 1 else 0.0)
 
 
 def non_torch_bytes(tp: int) -> float:

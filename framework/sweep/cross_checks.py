@@ -10,7 +10,10 @@ trial fail is a ConfigError here, not a sweep of failed trials:
   of `workloads:` and every class of a mix);
 - a results location that is not a writable directory; a workload.tokenizer folder without
   tokenizer.json;
-- cluster.start_ahead on the GPU engine (its trials already run side by side on free GPUs).
+- cluster.start_ahead on the GPU engine (its trials already run side by side on free GPUs);
+- on the GPU engine, a distributed-executor-backend or data-parallel-size no trial can run
+  with (mp at TP x PP > 1, ray at TP x PP = 1, data-parallel-size > 1:
+  cluster.placement.executor_problem).
 
 "Every trial" ranges over the values each flag takes (flag_values: fixed, each probe value of
 a searched flag, vLLM's default where a conditional flag is left out). The rules are monotone
@@ -20,8 +23,10 @@ add passing combinations: a rule reported broken is broken in every trial the sw
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +35,8 @@ from typing import TypeGuard
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
 from framework.base.vocabulary import parse_latency_key
+from framework.cluster.placement import Shape
+from framework.cluster.placement import executor_problem
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.config.specs import WorkloadSpec
@@ -238,6 +245,40 @@ def check_workload_fits(path: Path, spec: SweepSpec, space: SearchSpace,
         raise ConfigError(*where, max(tokens), problem)
 
 
+PARALLEL_FLAGS = ("distributed-executor-backend", "data-parallel-size", "tensor-parallel-size",
+                  "pipeline-parallel-size")
+
+
+def parallel_problem(values: Mapping[str, Sequence[Scalar | None]]) -> tuple[str, Scalar, str] | None:
+    """(flag, value, why) for a value of one of PARALLEL_FLAGS that fails
+    placement.executor_problem together with every value the other three take (None: vLLM's
+    default; a searched value that works with some other values passes here and is refused
+    per trial, as infeasible, by trial_plan.rejection). Flags are tried in PARALLEL_FLAGS'
+    order, each value in turn. Pure."""
+    def problem(combo: Sequence[Scalar | None]) -> str | None:
+        backend, dp, tp, pp = combo
+        return executor_problem(None if backend is None else str(backend),
+                                Shape(tp=int(tp or 1), pp=int(pp or 1)), int(dp or 1))
+
+    columns = [list(values.get(name) or [None]) for name in PARALLEL_FLAGS]
+    combos = list(itertools.product(*columns))
+    for i, name in enumerate(PARALLEL_FLAGS):
+        for value in columns[i]:
+            found = [problem(c) for c in combos if c[i] == value]
+            if value is not None and all(found):
+                return name, value, str(found[0])
+    return None
+
+
+def check_parallel(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
+    """GPU engine: a distributed-executor-backend or data-parallel-size (fixed or searched)
+    that no trial can run with (parallel_problem) is a ConfigError."""
+    values = {name: flag_values(name, spec, space) for name in PARALLEL_FLAGS}
+    if found := parallel_problem(values):
+        name, value, why = found
+        raise ConfigError(*_where(name, path, spec), value, why)
+
+
 def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: bool) -> None:
     """Every cross check of the module docstring; `vllm_rules`: also the vLLM flag rules
     (check_workload_fits; not for the fake engine, which is no vLLM)."""
@@ -253,6 +294,8 @@ def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: boo
                           "GPU trials already start side by side on free GPUs "
                           "(cluster.max_concurrent_trials); start_ahead is for the CPU engine, "
                           "whose trials share cores")
+    if spec.engine == "gpu":
+        check_parallel(path, spec, space)
     w = spec.workload
     if w.tokenizer is not None and not (w.tokenizer / "tokenizer.json").is_file():
         raise ConfigError(str(path), "workload.tokenizer", str(w.tokenizer),
