@@ -61,6 +61,7 @@ _LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)
 
 
 # A mix class's name: no dot, and not a percentile word (p99), so `p99.9_itl_ms` is no class key.
+# Both patterns are used with fullmatch: with re.match, `$` matches before a trailing newline.
 CLASS_NAME = re.compile(r"^(?!p\d+$)[A-Za-z][A-Za-z0-9_-]{0,31}$")
 
 
@@ -73,7 +74,7 @@ def split_class_key(key: str) -> tuple[str | None, str]:
     """`summarize.p99_ttft_ms` -> ("summarize", "p99_ttft_ms"); a key without a class prefix
     -> (None, key). A dot inside a percentile (p99.9_itl_ms) is no prefix."""
     head, dot, rest = key.partition(".")
-    if dot and CLASS_NAME.match(head):
+    if dot and CLASS_NAME.fullmatch(head):
         return head, rest
     return None, key
 
@@ -107,7 +108,7 @@ class LatencyKey:
 def parse_latency_key(key: str) -> LatencyKey | None:
     """p99_ttft_ms -> LatencyKey("p99", "ttft", 99.0); None for anything else, including a
     percentile outside (0, 100]."""
-    match = _LATENCY_KEY.match(key)
+    match = _LATENCY_KEY.fullmatch(key)
     if not match:
         return None
     stat, metric = match.group(1), match.group(3)

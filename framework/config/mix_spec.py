@@ -58,7 +58,7 @@ class RequestClassSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not CLASS_NAME.match(name):
+        if not CLASS_NAME.fullmatch(name):
             raise ValueError("use letters, digits, '_' or '-' (at most 32), starting with a "
                              "letter, not a percentile word like p99: the name prefixes the "
                              "class's metric columns")

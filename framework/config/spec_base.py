@@ -8,6 +8,8 @@ import re
 from pydantic import BaseModel
 from pydantic import ConfigDict
 
+# Checked with NAME.fullmatch: re.match lets `$` match before a trailing newline ("x\n").
+# As a pydantic Field pattern (Rust regex) `$` is the end of the text.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 

@@ -236,7 +236,7 @@ class SweepSpec(_Spec):
     @field_validator("name")
     @classmethod
     def _slug(cls, name: str) -> str:
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 64), starting with a "
                              "letter or digit")
         return name

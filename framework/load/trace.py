@@ -18,8 +18,12 @@ order: vLLM's get_request (``vllm/benchmarks/serve.py``, self_timed) sleeps unti
 request's time, so one whose time has already passed goes at once, after the one before it.
 ``send_offsets`` states that schedule.
 
-Any bad row is a ConfigError naming ``file:line``, the field and its value. Stdlib only (the
-bench parser is built from ``add_cli_args`` without importing anything heavy).
+Any bad row is a ConfigError naming ``file:line``, the field and its value (cut to SHOWN
+characters). A hostile or corrupt file gets such an error too, never a traceback or a prompt
+that fills memory: input and output lengths are at most MAX_TOKENS, hash ids fit 64 bits,
+a row is due within MAX_SECONDS of the start (either way), CSV date-times all carry a time
+zone or none, and a CSV field over Python's csv limit (128 KiB) names its line. Stdlib only
+(the bench parser is built from ``add_cli_args`` without importing anything heavy).
 """
 
 from __future__ import annotations
@@ -49,6 +53,49 @@ CSV_LABELS = {"timestamp": "TIMESTAMP", "input_length": "ContextTokens",
               "output_length": "GeneratedTokens", "hash_ids": None}
 
 
+# A row's input or output length is at most this many tokens: 10 million, the longest context
+# of any model (Llama 4 Scout's 10M); more is a corrupt trace, whose prompt (a list of token
+# ids, about 8 bytes each) would take gigabytes to build.
+MAX_TOKENS = 10_000_000
+# A hash id is a 64-bit signed integer, as Mooncake's traces and every Parquet/Arrow int64 hold.
+HASH_ID_BOUND = 2**63
+# A row is due at most 366 days from the start of the run (either way): the longest public LLM
+# traces (Azure's) span a week; a raw epoch time (~1.7e9 s: 54 years of waiting) is refused.
+MAX_SECONDS = 366 * 24 * 3600
+# Digits a JSON integer may have before it is kept as text: 2**63 has 19, and Python's int()
+# refuses 4,300 (a traceback); a longer one is refused by every field's check.
+_MAX_DIGITS = 40
+# A value shown in an error is cut to this many characters of its repr.
+SHOWN = 80
+
+
+class _Shown(str):
+    """A value's repr, cut: shown as is in an error (no quotes added)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class _LongNumber(str):
+    """A JSON integer of more than _MAX_DIGITS digits, kept as its text (shown unquoted)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def shown(value: Any) -> Any:
+    """``value`` itself when its repr is at most SHOWN characters, else that repr cut, with its
+    length. Pure."""
+    text = repr(value)
+    if len(text) <= SHOWN:
+        return value
+    return _Shown(f"{text[:SHOWN]}... ({len(text):,} characters)")
+
+
+def _json_int(text: str) -> int | str:
+    return int(text) if len(text.lstrip("-")) <= _MAX_DIGITS else _LongNumber(text)
+
+
 @dataclass(frozen=True)
 class TraceRow:
     """One request of a trace: its line in the file, when it is due (seconds from the start,
@@ -73,35 +120,54 @@ def labels(settings: TimedTraceSpec, csv_format: bool) -> dict[str, str | None]:
 
 
 def _fail(where: str, key: str, value: Any, reason: str) -> ConfigError:
-    return ConfigError(where, key, value, reason)
+    return ConfigError(where, key, shown(value), reason)
 
 
 def _whole(where: str, key: str, value: Any) -> int:
-    """A count >= 1: an int, an integral float, or (CSV) a string of one."""
+    """A count in [1, MAX_TOKENS]: an int, an integral float, or (CSV) a string of one."""
     number = value
     if isinstance(value, str):
         try:
             number = float(value)
         except ValueError:
             raise _fail(where, key, value, "expected a whole number >= 1") from None
-    if isinstance(number, bool) or not isinstance(number, int | float) \
-            or not math.isfinite(number) or number != int(number) or number < 1:
+    if isinstance(number, bool) or not isinstance(number, int | float) or math.isnan(number) \
+            or number < 1 or (math.isfinite(number) and number != int(number)):
         raise _fail(where, key, value, "expected a whole number >= 1")
+    if number > MAX_TOKENS:
+        raise _fail(where, key, value, f"more than {MAX_TOKENS:,} tokens, the bound on a "
+                    "trace's lengths (no model's context is longer)")
     return int(number)
 
 
 def _seconds(where: str, key: str, value: Any) -> float:
+    """A finite number; a JSON integer too long for int() as a float (maybe inf: _due refuses)."""
+    if isinstance(value, _LongNumber):
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _fail(where, key, value, "expected a finite number (or, in a CSV, a date-time)")
     return float(value)
 
 
+def _due(where: str, key: str, value: Any, seconds: float) -> float:
+    """``seconds`` (from the start, sec_multiplier applied) when within MAX_SECONDS."""
+    if not abs(seconds) <= MAX_SECONDS:
+        raise _fail(where, key, value, f"due {seconds:.4g} s from the start (timestamp x "
+                    f"sec_multiplier), beyond the bound of {MAX_SECONDS:,} s (366 days); "
+                    "rebase epoch timestamps to start at 0")
+    return seconds
+
+
 def _hash_ids(where: str, key: str, value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) for h in value):
+    if not isinstance(value, list):
         raise _fail(where, key, value, "expected a list of integers")
+    for i, h in enumerate(value):
+        if not isinstance(h, int) or isinstance(h, bool) \
+                or not -HASH_ID_BOUND <= h < HASH_ID_BOUND:
+            raise _fail(where, key, h, f"expected a list of integers of 64 bits (-2**63 <= "
+                        f"id < 2**63); item {i} is not")
     return tuple(value) or None
 
 
@@ -121,9 +187,9 @@ def _jsonl_rows(path: Path, names: dict[str, str | None], multiplier: float,
                 continue
             where = f"{path}:{line_no}"
             try:
-                row = json.loads(text)
+                row = json.loads(text, parse_int=_json_int)
             except json.JSONDecodeError as exc:
-                raise _fail(where, "(row)", text.strip()[:80], f"not JSON: {exc.msg}") from None
+                raise _fail(where, "(row)", text.strip(), f"not JSON: {exc.msg}") from None
             if not isinstance(row, dict):
                 raise _fail(where, "(row)", row, "expected a JSON object")
             values = {}
@@ -134,9 +200,10 @@ def _jsonl_rows(path: Path, names: dict[str, str | None], multiplier: float,
                 values[field] = row[key]
             ids_key = str(names["hash_ids"])
             count += 1
+            stamp_key = str(names["timestamp"])
+            seconds = _seconds(where, stamp_key, values["timestamp"]) * multiplier
             yield TraceRow(line=line_no,
-                           timestamp_s=_seconds(where, str(names["timestamp"]),
-                                                values["timestamp"]) * multiplier,
+                           timestamp_s=_due(where, stamp_key, values["timestamp"], seconds),
                            input_length=_whole(where, str(names["input_length"]),
                                                values["input_length"]),
                            output_length=_whole(where, str(names["output_length"]),
@@ -156,11 +223,33 @@ def _csv_time(where: str, key: str, value: str) -> float | datetime:
                     "2023-11-16 18:15:46.6805900") from None
 
 
+def _csv_records(path: Path, reader: csv.DictReader[str]) -> Iterator[dict[str, str | None]]:
+    """The reader's rows; csv.Error (a field over csv.field_size_limit(), 128 KiB) as a
+    ConfigError naming the line it was read at."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # line_num counts the lines read whole: the bad one is next
+            raise _fail(f"{path}:{reader.line_num + 1}", "(row)", None,
+                        f"unreadable CSV: {exc}") from None
+        yield cast(dict[str, str | None], row)
+
+
+def _csv_header(path: Path, reader: csv.DictReader[str]) -> Sequence[str]:
+    try:
+        return reader.fieldnames or []
+    except csv.Error as exc:
+        raise _fail(f"{path}:{reader.line_num + 1}", "(header)", None,
+                    f"unreadable CSV: {exc}") from None
+
+
 def _csv_rows(path: Path, names: dict[str, str | None], multiplier: float,
               limit: int | None) -> Iterator[TraceRow]:
     with path.open(encoding="utf-8", newline="") as fh:
         reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
+        header = _csv_header(path, reader)
         for field in ("timestamp", "input_length", "output_length"):
             if names[field] not in header:
                 raise _fail(f"{path}:1", str(names[field]), None,
@@ -168,7 +257,7 @@ def _csv_rows(path: Path, names: dict[str, str | None], multiplier: float,
                             f"label_{field} (--timed-trace-label-{field.replace('_', '-')})")
         first: float | datetime | None = None
         count = 0
-        for row in reader:
+        for row in _csv_records(path, reader):
             if limit is not None and count >= limit:
                 return
             where = f"{path}:{reader.line_num}"
@@ -177,10 +266,15 @@ def _csv_rows(path: Path, names: dict[str, str | None], multiplier: float,
             first = stamp if first is None else first
             if isinstance(stamp, datetime) != isinstance(first, datetime):
                 raise _fail(where, key, row[key], "mixes numbers and date-times in one column")
+            if isinstance(stamp, datetime) and isinstance(first, datetime) \
+                    and (stamp.tzinfo is None) != (first.tzinfo is None):
+                raise _fail(where, key, row[key], "mixes date-times with and without a time "
+                            f"zone in one column (the first row's: {first.isoformat()})")
             seconds = ((stamp - cast(datetime, first)).total_seconds()
                        if isinstance(stamp, datetime) else float(stamp))
             count += 1
-            yield TraceRow(line=reader.line_num, timestamp_s=seconds * multiplier,
+            yield TraceRow(line=reader.line_num,
+                           timestamp_s=_due(where, key, row[key], seconds * multiplier),
                            input_length=_whole(where, str(names["input_length"]),
                                                row[str(names["input_length"])]),
                            output_length=_whole(where, str(names["output_length"]),
@@ -196,7 +290,11 @@ def read_trace(path: Path, settings: TimedTraceSpec, limit: int | None = None) -
         raise _fail(str(path), "dataset_path", str(path), "file not found")
     csv_format = is_csv(path)
     read = _csv_rows if csv_format else _jsonl_rows
-    rows = list(read(path, labels(settings, csv_format), settings.sec_multiplier, limit))
+    try:
+        rows = list(read(path, labels(settings, csv_format), settings.sec_multiplier, limit))
+    except UnicodeDecodeError as exc:
+        raise _fail(str(path), "dataset_path", str(path),
+                    f"not UTF-8 text ({exc.reason})") from None
     if not rows and limit != 0:
         raise _fail(str(path), "dataset_path", str(path), "the trace holds no request")
     return rows

@@ -9,9 +9,10 @@ Layout under `results/<sweep>/`:
     optuna.journal                                the Optuna study (resume state)
     origin.json                                   the sweep file and working directory it ran from
 
-Contract: one file per trial number, written to a hidden temp name and renamed into place, so a
-reader never sees a partial file and writing the same trial again replaces it (no duplicates
-on resume). Columns are typed by an explicit schema, never inferred.
+Contract: one file per trial number, written to a hidden temp name, fsynced and renamed into
+place (the directory fsynced after), so a reader never sees a partial file nor a power loss
+leaves an empty one, and writing the same trial again replaces it (no duplicates on resume).
+Columns are typed by an explicit schema, never inferred.
 """
 
 from __future__ import annotations
@@ -64,12 +65,32 @@ def arrow_schema(columns: Columns) -> pa.Schema:
     return pa.schema([pa.field(name, KINDS[kind]) for name, kind in columns])
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    """Rename the written `tmp` onto `path`, durably: its bytes are on disk before the rename
+    (a power loss can't leave an empty or partial committed file), and the directory is
+    flushed after it, so the rename survives too (skipped where the filesystem can't)."""
+    _fsync(tmp)
+    os.replace(tmp, path)
+    try:
+        _fsync(path.parent)
+    except OSError:
+        pass
+
+
 def _atomic_write(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        _commit(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -117,7 +138,7 @@ class ResultStore:
         tmp = self.sweep_dir / ".origin.json.tmp"
         tmp.write_text(json.dumps({"sweep_file": str(sweep_file.resolve()),
                                    "cwd": str(Path.cwd())}))
-        os.replace(tmp, self.sweep_dir / ORIGIN)
+        _commit(tmp, self.sweep_dir / ORIGIN)
 
     def write_trial(self, row: Mapping[str, Any], columns: Columns) -> Path:
         """Write (or replace) the row of trial `row['trial_number']`."""
