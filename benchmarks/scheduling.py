@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/scheduling.py [--runs N] [--no-doc]
 
-Runs tests/e2e/test_scheduling_scale.py N times (default 2) with SCALE_CLUSTER=4x8 (CI runs it
-on 2x4): an emulated Ray cluster of 4 nodes x 8 fake GPUs at 127.0.0.2-5, a sweep of 40
-random TP {1,2,4,8} x PP {1,2,16} shapes served by FakeEngine (3 s start-up, 30 ms TTFT,
-20 ms TPOT, 32 prompts x 24 tokens at concurrency 8),
+Runs tests/e2e/test_scheduling_scale.py N times (default 2) with SCALE_CLUSTER=4x8 and
+SCALE_TRIALS=40 (CI runs 16 trials on 2x4): an emulated Ray cluster of 4 nodes x 8 fake GPUs
+at 127.0.0.2-5, a sweep of 40 random TP {1,2,4,8} x PP {1,2,16} shapes served by FakeEngine
+(3 s start-up, 30 ms TTFT, 20 ms TPOT, 32 prompts x 24 tokens at concurrency 8),
 with `server.reuse: false` so every trial places its own group. The test asserts the
 scheduling contract (no device double-booked, ranks in their own group, all trials end) and
 prints the fractions read here:
@@ -33,7 +33,7 @@ from record import ROOT
 from record import append_section
 from record import uptime
 
-TEST = "tests/e2e/test_scheduling_scale.py::test_forty_mixed_trials_on_fake_gpus"
+TEST = "tests/e2e/test_scheduling_scale.py::test_mixed_trials_on_fake_gpus"
 SCALE = "4x8"  # 32 fake GPUs; the test's own default (2x4) is what CI runs
 PATTERNS = {
     "per_trial": r"busy fraction while trials were queued: ([\d.]+)% over (\d+) s",
@@ -60,7 +60,7 @@ def run_once() -> dict[str, float]:
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                           TEST], cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                         env={**os.environ, "SCALE_CLUSTER": SCALE})
+                         env={**os.environ, "SCALE_CLUSTER": SCALE, "SCALE_TRIALS": "40"})
     if res.returncode != 0:
         raise SystemExit(f"the scale test failed (exit {res.returncode}):\n{res.stdout[-3000:]}")
     return {**parse(res.stdout), "wall_s": time.monotonic() - t0,

@@ -79,6 +79,29 @@ def wait_no_marked_processes(marker: str, timeout_s: float = 45.0) -> list[str]:
     return described
 
 
+def engine_cores(marker: str) -> set[int]:
+    """The pids of vLLM's EngineCore processes that carry the marker."""
+    found = set()
+    for p in marked_processes(marker):
+        try:
+            if "EngineCore" in " ".join(p.cmdline()):
+                found.add(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def new_engine_core(marker: str, before: set[int], timeout_s: float) -> bool:
+    """Wait for an EngineCore that is not in `before` (a server's vLLM has started its engine:
+    the server is starting, not ready); whether one appeared in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if engine_cores(marker) - before:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def vsweep_leftovers(tmp: Path) -> list[str]:
     """What vllm-sweep's processes left in the temp dir `tmp` (cli_env's TMPDIR) after a run:
     every `vsweep-*` entry and file in `vsweep-logs/` but the folder itself and the one shared
@@ -133,6 +156,8 @@ def cli_in_process(*args: str, cwd: Path = ROOT,
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    # `run` installs its SIGTERM handler (and Ray its own) in this process: put pytest's back
+    saved_signals = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if env is not None:
             os.environ.clear()
@@ -147,18 +172,29 @@ def cli_in_process(*args: str, cwd: Path = ROOT,
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
     return subprocess.CompletedProcess(["vllm-sweep", *args], code, out.getvalue(), err.getvalue())
 
 
+def _restore(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @contextlib.contextmanager
-def emulated_cluster(tmp: Path, nodes: list[dict]):
+def emulated_cluster(tmp: Path, nodes: list[dict], keep_env: bool = True):
     """A Ray cluster of several nodes on this machine (ray.cluster_utils; `nodes[0]` is the
     head, later ones should set distinct `node_ip_address`es like 127.0.0.2). The head gets
     HEAD_IP unless it names its own: every node has a loopback address (Ray would otherwise give
     the head the machine's address, and servers with `host: node` would bind it), asserted
     once the nodes are up. Every process is tagged with a fresh marker; yields (cluster, gcs
     address, marker) and, on exit, shuts the cluster down and asserts none of its processes is
-    left."""
+    left. This process's environment carries the marker and RAY_TMPDIR=`tmp` while the block
+    runs, or (keep_env=False) only while the nodes start."""
     from ray.cluster_utils import Cluster
 
     marker = new_marker()
@@ -173,14 +209,12 @@ def emulated_cluster(tmp: Path, nodes: list[dict]):
             cluster.add_node(**node)
         cluster.wait_for_nodes(timeout=120)
         assert_loopback_nodes(cluster.address)
+        if not keep_env:
+            _restore(saved)
         yield cluster, cluster.address, marker
     finally:
         cluster.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _restore(saved)
         left = wait_no_marked_processes(marker)
     assert left == [], left
 
@@ -193,6 +227,76 @@ def assert_loopback_nodes(address: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=dict(os.environ, RAY_ADDRESS="")).stdout.split()
     assert out and all(ipaddress.ip_address(ip).is_loopback for ip in out), out
+
+
+@dataclass(frozen=True)
+class SharedRay:
+    """The session's emulated one-node Ray (tests/e2e/conftest.py `shared_ray`): its GCS
+    address, the marker every process of it carries, and the folder of its session files."""
+
+    address: str
+    marker: str
+    folder: Path
+
+
+# What a trial leaves running if its stop failed: the server actor and FakeEngine's placeholder
+# workers (Ray worker processes named after their actor class), the warm-start keeper, and the
+# servers themselves (`framework.engine.*` children, vLLM's EngineCore and workers).
+TRIAL_PROCESS_MARKS = ("ServerActor", "FakeWorker", "ZygoteKeeper", "framework.engine",
+                       "EngineCore", "VLLM::")
+
+
+def trial_processes(marker: str) -> list[str]:
+    """The processes of a cluster (by its marker) that belong to a trial, described."""
+    found = []
+    for proc in marked_processes(marker):
+        try:
+            line = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if any(mark in line for mark in TRIAL_PROCESS_MARKS):
+            found.append(f"{proc.pid} {line[:120]}")
+    return found
+
+
+def wait_no_trial_processes(marker: str, timeout_s: float = 45.0) -> list[str]:
+    """Poll until no trial process of the cluster is left (a sweep on a shared cluster leaves
+    the cluster's own processes, Ray's idle workers among them, running); returns any left."""
+    deadline = time.monotonic() + timeout_s
+    while (left := trial_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def join_shared(doc: dict[str, Any], ray: SharedRay,
+                max_concurrent_trials: int | None = 1) -> dict[str, Any]:
+    """A sweep document moved from a private Ray onto the shared one: `cluster.address` set,
+    the private Ray's resources dropped, and (unless None) at most `max_concurrent_trials`
+    side by side, as the private Ray's resources allowed."""
+    cluster = {k: v for k, v in (doc.get("cluster") or {}).items()
+               if k not in ("num_cpus", "num_gpus")}
+    cluster["address"] = ray.address
+    if max_concurrent_trials is not None:
+        cluster.setdefault("max_concurrent_trials", max_concurrent_trials)
+    return {**doc, "cluster": cluster}
+
+
+def cli_joined(args: list[str], cwd: Path, marker: str,
+               ray_tmp: Path) -> subprocess.CompletedProcess:
+    """`vllm-sweep ARGS` in this process (cli_in_process), TMPDIR `cwd`, for a command that joins
+    an emulated cluster (its processes carry `marker`; RAY_TMPDIR `ray_tmp`, its folder)."""
+    return cli_in_process(*args, cwd=cwd, env={**joined_cli_env(marker, cwd),
+                                               "RAY_TMPDIR": str(ray_tmp)})
+
+
+def run_joined(ray: SharedRay, args: list[str], cwd: Path,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`vllm-sweep ARGS` in this process (cli_in_process), joined to the shared Ray, with
+    TMPDIR `cwd` and `env`'s variables added; asserts it left no trial process behind."""
+    res = cli_in_process(*args, cwd=cwd, env={**joined_cli_env(ray.marker, cwd),
+                                               "RAY_TMPDIR": str(ray.folder), **(env or {})})
+    assert wait_no_trial_processes(ray.marker) == [], res.stdout[-2000:]
+    return res
 
 
 def joined_cli_env(marker: str, tmp: Path) -> dict[str, str]:
@@ -508,6 +612,21 @@ def occupancy_events(path: Path) -> tuple[dict[str, float], dict[int, list[dict]
         if not e.get("released"):
             by_trial[int(Path(e["tag"]).stem.split("-")[1])].append(e)
     return released, by_trial
+
+
+def trials_on(text: str) -> dict[str, int]:
+    """Node IP -> the first trial whose worker FakeEngine's occupancy log (its text) shows on
+    that node (the trial number from the event's tag, the trial's log path); release events
+    (no node) and a last line still being written are skipped."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "node_ip" in event:
+            found.setdefault(event["node_ip"], int(Path(event["tag"]).stem.split("-")[1]))
+    return found
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

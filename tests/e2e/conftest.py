@@ -21,13 +21,24 @@ Tests using it run one after another (no xdist in tests/e2e) but share its prefi
 counters: assert on deltas of counters, reset the cache first if a test needs it cold, leave
 nothing in flight, never stop it. A test that needs other flags or a server it may kill
 starts its own.
+
+`shared_ray` (session scope) is ONE emulated Ray node (8 logical CPUs, 8 fake GPUs, on a
+loopback address) that every sweep joins unless the test is about Ray's own start, stop or
+failure, or about the process boundary (a signal, kill -9, a child's exit code): those keep a
+private Ray or their own emulated cluster. Such sweeps run in-process (tests.helpers.
+run_joined: vLLM's parser is imported once per session, not once per command) and must leave
+no trial process behind; `join_shared` moves a sweep document onto it, keeping at most as many
+trials side by side as the private Ray it replaces allowed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +47,9 @@ from framework.engine import control
 from framework.load.loadgen import wait_ready
 from tests.helpers import MARKER_VAR
 from tests.helpers import VLLM_ENGINE
+from tests.helpers import SharedRay
 from tests.helpers import SharedServer
+from tests.helpers import emulated_cluster
 from tests.helpers import new_marker
 from tests.helpers import start_engine
 from tests.helpers import stop_engine
@@ -77,3 +90,21 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[SharedServer]:
         left = stop_engine(proc)
         left_marked = wait_no_marked_processes(marker)
     assert left == [] and left_marked == [], (left, left_marked)
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[SharedRay]:
+    """ONE emulated one-node Ray for every sweep that is not about Ray's own start, stop or
+    failure (FakeEngine and vLLM CPU sweeps alike, driven in-process: tests.helpers.run_joined):
+    8 logical CPUs and 8 fake GPUs on HEAD_IP (a loopback address). A sweep joins it through
+    `cluster.address` (tests.helpers.join_shared) instead of starting a private Ray of its own
+    (~10-20 s each). Sweeps run one after another; each must leave no trial process behind
+    (run_joined asserts it), and the session's end asserts that no process of it is left.
+    CPU-engine trials run one at a time whatever the cluster holds (SweepSpec.concurrent_trials)."""
+    folder = Path(tempfile.mkdtemp(prefix="vst-ray-"))  # short: Ray's socket paths
+    try:
+        with emulated_cluster(folder, [{"num_cpus": 8, "num_gpus": 8}], keep_env=False) as (
+                _, address, marker):
+            yield SharedRay(address, marker, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,22 +1,30 @@
 """sweeps/capacity_target.yaml end to end on real vLLM CPU servers (2 trials, capacity mode,
-`target:` and `pricing:`): the run exits 0, prints the fleet answer, and the printed answer and
-every trial row's fleet columns equal fleet_for() recomputed from the row's capacity_rps."""
+`target:` and `pricing:`) on the shared Ray: the run exits 0, prints the fleet answer, and the
+printed answer and every trial row's fleet columns equal fleet_for() recomputed from the row's
+capacity_rps; each trial's capacity is the highest rate step whose SLA held, its steps stored
+per request; the shipped configuration exported in every format (#20), each checked by its
+platform's schema."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from pathlib import Path
 
+import duckdb
+import kubernetes_validate
+import pandas as pd
 import pytest
 import yaml
 
+from framework.cluster.serve_llm import check_ray_serve_config
 from framework.fleet.sizing import fleet_for
 from tests.helpers import ROOT
-from tests.helpers import cli_env
-from tests.helpers import new_marker
+from tests.helpers import cli_in_process
+from tests.helpers import join_shared
 from tests.helpers import read_trials
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.helpers import run_joined
 
 pytestmark = pytest.mark.server
 
@@ -26,17 +34,15 @@ FLEET_LINE = re.compile(r"Fleet for 1000 req/s \(\+20% headroom\): (\d+) replica
 
 
 @pytest.mark.timeout(900)
-def test_capacity_target_example_prints_the_fleet_of_its_rows(tiny_model, short_tmp):
+def test_capacity_target_example_prints_the_fleet_of_its_rows(shared_ray, tiny_model, short_tmp):
     spec = yaml.safe_load((ROOT / "sweeps" / "capacity_target.yaml").read_text())
     spec.update(model=str(tiny_model), results_dir=str(short_tmp / "results"),
                 search_space=str(ROOT / spec["search_space"]))
     sweep = short_tmp / "capacity_target.yaml"
-    sweep.write_text(yaml.safe_dump(spec))
-    marker = new_marker()
-    res = run_cli(["run", str(sweep), "--summary-json", str(short_tmp / "s.json")], short_tmp,
-                  cli_env(marker, short_tmp), timeout_s=840)
+    sweep.write_text(yaml.safe_dump(join_shared(spec, shared_ray)))
+    res = run_joined(shared_ray, ["run", str(sweep), "--summary-json", str(short_tmp / "s.json")],
+                     short_tmp)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert wait_no_marked_processes(marker) == []
 
     trials = read_trials(short_tmp / "results", "capacity_target")
     assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason", "fail_detail"]]
@@ -60,3 +66,70 @@ def test_capacity_target_example_prints_the_fleet_of_its_rows(tiny_model, short_
     summary = json.loads((short_tmp / "s.json").read_text())
     assert summary["feasible"] and summary["fleet"]["gpus"] == fleet.gpus
     print(f"capacity_rps per trial: {list(trials['capacity_rps'])}; fleet: {printed.group(0)}")
+    for _, row in trials.iterrows():
+        check_steps(short_tmp / "results", row, spec)
+    check_exports(sweep, trials, short_tmp, str(tiny_model), spec)
+
+
+def check_steps(results: Path, row: pd.Series, spec: dict) -> None:
+    """The trial's rate steps as its request rows hold them: numbered from 0, the first at the
+    start rate, the capacity one of them with the SLA held there, and every rate tried above
+    the capacity broke the SLA (or failed requests)."""
+    sla, capacity = spec["sla"], spec["capacity"]
+    assert 1 <= row["capacity_steps"] <= capacity["max_steps"]
+    steps = duckdb.sql(
+        f"SELECT step, any_value(rate), quantile_cont(ttft_ms, 0.99), quantile_cont(tpot_ms, 0.99),"
+        f" count(*) FILTER (WHERE NOT success) FROM read_parquet('{results}/capacity_target/"
+        f"requests/**/*.parquet') WHERE trial_number = {row['trial_number']} GROUP BY step "
+        "ORDER BY step").fetchall()
+    assert [s[0] for s in steps] == list(range(int(row["capacity_steps"])))
+    assert steps[0][1] == capacity["start_rate"]
+    assert row["capacity_rps"] in {s[1] for s in steps}
+    assert row["p99_ttft_ms"] <= sla["p99_ttft_ms"] and row["p99_tpot_ms"] <= sla["p99_tpot_ms"]
+    for _, rate, p99_ttft, p99_tpot, failed in steps:
+        if rate > row["capacity_rps"]:
+            assert p99_ttft > sla["p99_ttft_ms"] or p99_tpot > sla["p99_tpot_ms"] or failed, (
+                rate, p99_ttft, p99_tpot)
+
+
+def check_exports(sweep: Path, trials: pd.DataFrame, tmp: Path, model: str, spec: dict) -> None:
+    """Every `export` format of the real sweep: what `best` ships, sized by framework.fleet,
+    each file accepted by Ray Serve LLM's config classes / Kubernetes' schemas."""
+    target, price = spec["target"], spec["pricing"]["per_replica_hour"]
+    best = cli_in_process("best", str(sweep), "--format", "yaml")
+    assert best.returncode == 0, best.stderr
+    shipped = yaml.safe_load(best.stdout)
+    row = trials[trials["trial_number"] == shipped["trial"]].iloc[0]
+    # the target x (1 + headroom) over the shipped configuration's capacity (one server: its row)
+    replicas = math.ceil(target["request_rate"] * (1 + target["headroom"]) / row["capacity_rps"]
+                         - 1e-9)
+
+    res = cli_in_process("export", str(sweep), "--format", "serve")
+    assert res.returncode == 0 and res.stdout == shipped["command"] + "\n"
+    assert res.stdout.startswith(f"vllm serve {model}")
+
+    doc = json.loads(cli_in_process("export", str(sweep), "--format", "json").stdout)
+    assert doc["trial"] == shipped["trial"] and doc["flags"] == shipped["flags"]
+    assert doc["verdict"] == shipped["verdict"]
+    assert doc["fleet"]["replicas"] == replicas and doc["fleet"]["gpus_per_replica"] == 1
+    assert doc["fleet"]["cost_per_hour"] == pytest.approx(replicas * price)
+    assert doc["cost_per_mtok"] == pytest.approx(price / (row["output_throughput"] * 3600) * 1e6)
+
+    out = tmp / "serve.yaml"
+    res = cli_in_process("export", str(sweep), "--format", "ray-serve", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    app = yaml.safe_load(out.read_text())
+    assert check_ray_serve_config(app) == 1  # Ray Serve LLM's LLMServingArgs / engine config
+    (llm,) = app["applications"][0]["args"]["llm_configs"]
+    assert llm["deployment_config"] == {"num_replicas": replicas}
+    assert llm["engine_kwargs"]["max_model_len"] == spec["server"]["args"]["max-model-len"]
+    assert llm["accelerator_config"] == {"kind": "cpu"}
+
+    res = cli_in_process("export", str(sweep), "--format", "k8s")
+    assert res.returncode == 0 and "&id" not in res.stdout  # no YAML anchors
+    deployment, service = yaml.safe_load_all(res.stdout)
+    for manifest in (deployment, service):
+        kubernetes_validate.validate(manifest, "1.33.0", strict=True)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert deployment["spec"]["replicas"] == replicas and "resources" not in container  # CPU
+    assert container["args"][:1] == [model] and "--max-model-len" in container["args"]

@@ -1,6 +1,7 @@
-"""sweeps/chat_mix.yaml on real parts: a private Ray, one vLLM CPU server, two workloads of a
+"""sweeps/chat_mix.yaml on real parts: the shared Ray, one vLLM CPU server, two workloads of a
 chat/summarize mix measured one after another on it; the trial, workloads and request tables
-read back with DuckDB (docs/RESULTS.md's workloads query included).
+read back with DuckDB (docs/RESULTS.md's workloads query included); and server reuse on real
+vLLM (the two trials differ only in a run setting: one server, its prefix cache reset).
 
 Kept to one server start (~70 s here): the sweep as shipped, with fewer prompts and a search
 space of one run setting (max-concurrency 4 / 8), so both trials share the server; the shipped
@@ -16,11 +17,10 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
-from tests.helpers import cli_env
-from tests.helpers import new_marker
+from tests.helpers import SharedRay
+from tests.helpers import join_shared
 from tests.helpers import read_trials
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.helpers import run_joined
 
 pytestmark = pytest.mark.server
 
@@ -28,7 +28,7 @@ PROMPTS = {"steady": 20, "peak": 30}
 LENGTHS = {"chat": 96, "summarize": 384}  # prompt tokens of each class (random, exact)
 
 
-def _sweep(tmp: Path, model: Path) -> Path:
+def _sweep(ray: SharedRay, tmp: Path, model: Path) -> Path:
     spec = yaml.safe_load((ROOT / "sweeps" / "chat_mix.yaml").read_text())
     space = tmp / "space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
@@ -38,7 +38,7 @@ def _sweep(tmp: Path, model: Path) -> Path:
     spec.update(model=str(model), search_space=str(space), results_dir=str(tmp / "results"))
     spec["search"].update(sampler="grid", n_trials=2, baseline=False)
     path = tmp / "chat_mix.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(yaml.safe_dump(join_shared(spec, ray)))
     return path
 
 
@@ -47,15 +47,11 @@ def _parquet(results: Path, table: str) -> str:
 
 
 @pytest.mark.timeout(400)
-def test_chat_mix_sweep_writes_class_columns_and_workload_rows(tiny_model, short_tmp):
-    marker = new_marker()
-    sweep = _sweep(short_tmp, tiny_model)
-    try:
-        res = run_cli(["run", str(sweep)], short_tmp, cli_env(marker, short_tmp), timeout_s=360)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        assert "workload peak" in res.stdout
-    finally:
-        assert wait_no_marked_processes(marker) == []
+def test_chat_mix_sweep_writes_class_columns_and_workload_rows(shared_ray, tiny_model, short_tmp):
+    sweep = _sweep(shared_ray, short_tmp, tiny_model)
+    res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "workload peak" in res.stdout
     results = short_tmp / "results"
 
     trials = read_trials(results, "chat_mix")
@@ -99,6 +95,14 @@ def test_chat_mix_sweep_writes_class_columns_and_workload_rows(tiny_model, short
          namespace)
     assert len(namespace["result"]) == 4
 
-    # the prefix cache was reset between the workloads of each trial and between the trials
+    # server reuse on real vLLM: both trials measured on one API server process, each run at
+    # its own max-concurrency, and the prefix cache was reset in-process (vLLM's dev route
+    # stays closed) between the workloads of each trial and between the trials, so the second
+    # trial's same prompts found nothing cached
+    assert trials["server_pid"].nunique() == 1
+    for _, trial in trials.iterrows():
+        assert trial["running_requests_max"] <= trial["param_max_concurrency"]
+    assert trials["prefix_cache_hit_rate"].iloc[1] < 0.05, trials["prefix_cache_hit_rate"]
     log = Path(trials["server_log"].iloc[0]).read_text(errors="replace")
     assert log.count("prefix cache reset in-process: done") >= 3, log[-3000:]
+    assert "POST /reset_prefix_cache" not in log

@@ -26,21 +26,24 @@ from tests.browser import CHROMIUM
 from tests.browser import CHROMIUM_FLAGS
 from tests.browser import check_report
 from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_env
+from tests.helpers import SharedRay
+from tests.helpers import cli_in_process
+from tests.helpers import join_shared
 from tests.helpers import new_marker
 from tests.helpers import read_trials
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.helpers import run_joined
 
 pytestmark = pytest.mark.server
 
 
-def capacity_sweep(tmp: Path, model: Path, name: str, sla: dict, **extra) -> Path:
+def capacity_sweep(ray: SharedRay, tmp: Path, model: Path, name: str, sla: dict,
+                   **extra) -> Path:
+    """A FakeEngine capacity sweep with a target and prices, on the session's shared Ray."""
     space = tmp / f"{name}-space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [2, 16], "default": 16}}}))
     sweep = tmp / f"{name}.yaml"
-    sweep.write_text(yaml.safe_dump({
+    sweep.write_text(yaml.safe_dump(join_shared({
         "name": name, "model": str(model), "search_space": str(space), "engine": "fake",
         "server": {"startup_timeout_s": 60, "env": {"FAKE_ENGINE_STARTUP_S": "0.3",
                                                      "FAKE_ENGINE_TTFT_MS": "20",
@@ -52,24 +55,20 @@ def capacity_sweep(tmp: Path, model: Path, name: str, sla: dict, **extra) -> Pat
         "sla": sla,
         "target": {"request_rate": 30, "headroom": 0.2},
         "pricing": {"per_replica_hour": 0.4, "currency": "EUR"},
-        "cluster": {"num_cpus": 2, "num_gpus": 2, "max_concurrent_trials": 1},
+        "cluster": {"max_concurrent_trials": 1},
         "results_dir": str(tmp / "results"), **extra,
-    }))
+    }, ray)))
     return sweep
 
 
 @pytest.mark.timeout(400)
-def test_summary_json_best_json_and_the_decision_section(tiny_model, short_tmp):
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
-    sweep = capacity_sweep(short_tmp, tiny_model, "decide", {"p99_ttft_ms": 2000},
+def test_summary_json_best_json_and_the_decision_section(shared_ray, tiny_model, short_tmp):
+    sweep = capacity_sweep(shared_ray, short_tmp, tiny_model, "decide", {"p99_ttft_ms": 2000},
                            search={"sampler": "grid", "n_trials": 2, "baseline": True,
                                    "confirm_top": 1, "baseline_repeats": 1, "seed": 0})
     summary = short_tmp / "out" / "summary.json"
-    res = run_cli(["run", str(sweep), "--summary-json", str(summary)], short_tmp, env,
-                  timeout_s=300)
+    res = run_joined(shared_ray, ["run", str(sweep), "--summary-json", str(summary)], short_tmp)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert wait_no_marked_processes(marker) == []
     written = json.loads(summary.read_text())
 
     trials = read_trials(short_tmp / "results", "decide")
@@ -91,12 +90,12 @@ def test_summary_json_best_json_and_the_decision_section(tiny_model, short_tmp):
     fleet_line = f"{fleet.replicas} replica"
     assert fleet_line in res.stdout and "EUR/h" in res.stdout  # the console's final summary
 
-    best = run_cli(["best", str(sweep), "--format", "json"], short_tmp, env, timeout_s=120)
+    best = cli_in_process("best", str(sweep), "--format", "json", cwd=short_tmp)
     assert best.returncode == 0, best.stderr
     assert json.loads(best.stdout) == written
 
-    report = run_cli(["report", str(sweep), "--out", str(short_tmp / "r.html")], short_tmp, env,
-                     timeout_s=120)
+    report = cli_in_process("report", str(sweep), "--out", str(short_tmp / "r.html"),
+                            cwd=short_tmp)
     assert report.returncode == 0, report.stderr
     check_report(short_tmp / "r.html", min_plots=1)
     top = decision_on_screen(short_tmp / "r.html")
@@ -126,38 +125,35 @@ def decision_on_screen(html: Path) -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_no_feasible_configuration_exits_4(tiny_model, short_tmp):
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
-    sweep = capacity_sweep(short_tmp, tiny_model, "none", {"p99_ttft_ms": 0.001},
+def test_no_feasible_configuration_exits_4(shared_ray, tiny_model, short_tmp):
+    sweep = capacity_sweep(shared_ray, short_tmp, tiny_model, "none", {"p99_ttft_ms": 0.001},
                            search={**NO_REMEASURE, "n_trials": 1, "baseline": False})
     data = yaml.safe_load(sweep.read_text())
     data["capacity"]["max_steps"] = 2  # 4 req/s broke, 2 req/s broke: capacity 0
     sweep.write_text(yaml.safe_dump(data))
     summary = short_tmp / "summary.json"
-    res = run_cli(["run", str(sweep), "--summary-json", str(summary)], short_tmp, env,
-                  timeout_s=240)
+    res = run_joined(shared_ray, ["run", str(sweep), "--summary-json", str(summary)], short_tmp)
     assert res.returncode == EXIT_NO_FEASIBLE == 4, res.stdout[-3000:] + res.stderr[-3000:]
-    assert wait_no_marked_processes(marker) == []
     written = json.loads(summary.read_text())
     assert not written["feasible"] and written["verdict"]["kind"] == "no_feasible"
     assert written["best"] is None and written["fleet"] is None and written["exports"] == []
     row = read_trials(short_tmp / "results", "none").iloc[0]
     assert row["capacity_rps"] == 0 and not row["feasible"]
     assert pd.isna(row["gpus_for_target"]) and pd.isna(row["objective"])  # no fleet, not 0
-    best = run_cli(["best", str(sweep), "--format", "json"], short_tmp, env, timeout_s=120)
+    best = cli_in_process("best", str(sweep), "--format", "json", cwd=short_tmp)
     assert best.returncode == 1 and best.stdout == ""
 
 
 def test_bad_input_exits_2_and_writes_no_summary(tiny_model, tmp_path):
-    sweep = capacity_sweep(tmp_path, tiny_model, "bad", {"p99_ttft_ms": 500},
+    # the input is refused before any Ray is joined: the address is never used
+    unused = SharedRay("127.0.0.1:1", new_marker(), tmp_path)
+    sweep = capacity_sweep(unused, tmp_path, tiny_model, "bad", {"p99_ttft_ms": 500},
                            search={"n_trials": 1})
     data = yaml.safe_load(sweep.read_text())
     data["pricing"] = {"file": str(tmp_path / "no-such-prices.yaml")}
     sweep.write_text(yaml.safe_dump(data))
     summary = tmp_path / "summary.json"
-    res = run_cli(["run", str(sweep), "--summary-json", str(summary)], tmp_path,
-                  cli_env(new_marker(), tmp_path), timeout_s=120)
+    res = cli_in_process("run", str(sweep), "--summary-json", str(summary), cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr
     assert "pricing.file" in res.stderr and "no-such-prices.yaml" in res.stderr
     assert not summary.exists()

@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
+from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
-from tests.helpers import joined_cli_env
-from tests.helpers import run_cli
 from tests.helpers import table_rows
 
 
@@ -52,8 +51,7 @@ def write_sweep(tmp: Path, model: Path, name: str, cache_dir: Path) -> Path:
 def test_doctor_passes_on_two_nodes(tiny_model, two_nodes):
     address, marker, tmp = two_nodes
     sweep = write_sweep(tmp, tiny_model, "ok", tmp / "cache")
-    res = run_cli(["doctor", str(sweep), "--address", address], tmp,
-                  joined_cli_env(marker, tmp), timeout_s=540)
+    res = cli_joined(["doctor", str(sweep), "--address", address], tmp, marker, tmp)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-5000:]
     assert res.stdout.count("┏") == 1, out  # one table
@@ -73,8 +71,7 @@ def test_doctor_fails_on_an_unwritable_cache_dir_without_starting_servers(tiny_m
     address, marker, tmp = two_nodes
     (tmp / "a_file").write_text("")
     sweep = write_sweep(tmp, tiny_model, "bad", tmp / "a_file" / "cache")
-    res = run_cli(["doctor", str(sweep), "--address", address], tmp,
-                  joined_cli_env(marker, tmp), timeout_s=240)
+    res = cli_joined(["doctor", str(sweep), "--address", address], tmp, marker, tmp)
     out = res.stdout + res.stderr
     assert res.returncode == 3, out[-5000:]
     rows = table_rows(res.stdout)

@@ -28,11 +28,10 @@ import pytest
 import yaml
 
 from tests.helpers import NO_REMEASURE
+from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
-from tests.helpers import joined_cli_env
 from tests.helpers import occupancy_events
 from tests.helpers import read_trials
-from tests.helpers import run_cli
 
 pytestmark = pytest.mark.server
 
@@ -51,12 +50,24 @@ def _running(pid: int) -> bool:
 
 
 class PidWatch:
-    """Polls the occupancy log for recorded pids and notes when each is first seen gone."""
+    """Polls the occupancy log for recorded pids; notes for each the latest moment it was seen
+    running (`alive_at`: a clock read before a check that found it running, so the process
+    surely ran then) and when it was first seen gone (`gone_at`). A slow poll only sees fewer
+    moments: it can miss a process running too long, never invent one."""
 
     def __init__(self, occupancy: Path) -> None:
-        self.occupancy, self.gone_at, self._stop = occupancy, {}, threading.Event()
+        self.occupancy, self._stop = occupancy, threading.Event()
+        self.gone_at: dict[int, float] = {}
+        self.alive_at: dict[int, float] = {}
         self._seen: set[int] = set()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def all_gone(self, timeout_s: float) -> bool:
+        """Wait until every pid seen in the log has been seen gone."""
+        deadline = time.monotonic() + timeout_s
+        while set(self._seen) - set(self.gone_at) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        return not set(self._seen) - set(self.gone_at)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -68,10 +79,12 @@ class PidWatch:
                         continue
                     if pid:
                         self._seen.add(pid)
-            now = time.time()
             for pid in self._seen - set(self.gone_at):
-                if not _running(pid):
-                    self.gone_at[pid] = now
+                before = time.time()
+                if _running(pid):
+                    self.alive_at[pid] = before
+                else:
+                    self.gone_at[pid] = time.time()
             time.sleep(POLL_S)
 
     def __enter__(self) -> PidWatch:
@@ -120,8 +133,8 @@ def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, f
     occupancy = short_tmp / "occupancy.jsonl"
     sweep = write_sweep(short_tmp, tiny_model, address, occupancy)
     with PidWatch(occupancy) as watch:
-        res = run_cli(["run", str(sweep)], short_tmp, joined_cli_env(marker, short_tmp), timeout_s=540)
-        time.sleep(0.5)
+        res = cli_joined(["run", str(sweep)], short_tmp, marker, short_tmp)
+        assert watch.all_gone(timeout_s=30), "a recorded process outlived the sweep"
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
 
     trials = read_trials(short_tmp / "results", "devices")
@@ -155,10 +168,10 @@ def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, f
             assert len(nodes) == 1, f"trial {number}: stage {stage}'s TP ranks span {nodes}"
         end = released[evs[0]["group"]]
         for e in holders + api:
-            gone = watch.gone_at.get(e["pid"])
-            assert gone is not None and gone - 2 * POLL_S <= end, (
+            alive = watch.alive_at.get(e["pid"], 0.0)
+            assert e["pid"] in watch.gone_at and alive <= end, (
                 f"trial {number}: pid {e['pid']} ({e['role']}) still ran "
-                f"{(gone or float('inf')) - end:.3f} s after its group was released")
+                f"{alive - end:.3f} s after its group was released")
         for e in holders:
             held[(e["node_ip"], e["gpu_ids"][0])].append((e["t"], end, number))
     assert {(1, 1), (2, 1)} <= shapes and any(pp > 1 and tp > 1 for tp, pp in shapes), shapes

@@ -33,9 +33,8 @@ from tests.browser import external_references
 from tests.browser import render
 from tests.helpers import NAME
 from tests.helpers import ROOT
+from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
-from tests.helpers import joined_cli_env
-from tests.helpers import run_cli
 from tests.helpers import write_fake_sweep
 
 
@@ -56,7 +55,7 @@ def fake_sweep(tiny_model) -> Iterator[FakeSweep]:
     try:
         with emulated_cluster(folder, [{"num_cpus": 4, "num_gpus": 2}]) as (_, address, marker):
             sweep = write_fake_sweep(folder, tiny_model, address)
-            res = run_cli(["run", str(sweep)], folder, joined_cli_env(marker, folder), timeout_s=240)
+            res = cli_joined(["run", str(sweep)], folder, marker, folder)
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
         yield FakeSweep(folder, sweep, load_sweep(sweep))
     finally:

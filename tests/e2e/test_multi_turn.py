@@ -26,10 +26,8 @@ from framework.load.prompts import load_tokenizer
 from framework.load.sessions import run_sessions
 from tests.helpers import ROOT
 from tests.helpers import SharedServer
-from tests.helpers import cli_env
-from tests.helpers import new_marker
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.helpers import join_shared
+from tests.helpers import run_joined
 
 pytestmark = pytest.mark.server
 
@@ -91,9 +89,8 @@ def test_turn_k_prompt_is_turn_k_minus_1_prompt_and_answer_on_vllm(vllm_server: 
 
 
 @pytest.mark.timeout(600)
-def test_example_multi_turn_sweep_runs_and_reads_back_with_duckdb(tiny_model, short_tmp):
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
+def test_example_multi_turn_sweep_runs_and_reads_back_with_duckdb(shared_ray, tiny_model,
+                                                                   short_tmp):
     spec = yaml.safe_load((ROOT / "sweeps" / "multi_turn_chat.yaml").read_text())
     spec.update(model=str(tiny_model), results_dir=str(short_tmp / "results"),
                 search_space=str(ROOT / spec["search_space"]))
@@ -101,12 +98,9 @@ def test_example_multi_turn_sweep_runs_and_reads_back_with_duckdb(tiny_model, sh
     workload["dataset_path"] = str(ROOT / workload["dataset_path"])
     workload["multi_turn"]["num_sessions"] = 16  # the example's 30, halved: CI time
     sweep = short_tmp / "multi_turn_chat.yaml"
-    sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
-    try:
-        res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=540)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    finally:
-        assert wait_no_marked_processes(marker) == []
+    sweep.write_text(yaml.safe_dump(join_shared(spec, shared_ray), sort_keys=False))
+    res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = short_tmp / "results" / "multi_turn_chat"
     trials = duckdb.sql(f"""
         SELECT trial_number, state, param_enable_prefix_caching AS cache, completed, failed,

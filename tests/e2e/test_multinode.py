@@ -14,11 +14,10 @@ import pytest
 import yaml
 
 from tests.helpers import NO_REMEASURE
+from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
-from tests.helpers import joined_cli_env
 from tests.helpers import marked_processes
 from tests.helpers import read_trials
-from tests.helpers import run_cli
 
 pytestmark = pytest.mark.server
 
@@ -55,9 +54,8 @@ def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
 @pytest.mark.timeout(900)
 def test_pipeline_stages_span_two_nodes(tiny_model, short_tmp, two_node_cluster):
     address, marker = two_node_cluster
-    env = joined_cli_env(marker, short_tmp)
     sweep = write_pp_sweep(short_tmp, tiny_model, address)
-    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=800)
+    res = cli_joined(["run", str(sweep)], short_tmp, marker, short_tmp)
     log = (short_tmp / "results/pp/logs/trial-00000.log")
     log_text = log.read_text() if log.exists() else ""
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + log_text[-3000:]

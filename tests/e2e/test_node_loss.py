@@ -3,7 +3,6 @@ remaining nodes (emulated cluster, FakeEngine servers so the trial is long enoug
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
@@ -17,6 +16,8 @@ from tests.helpers import NO_REMEASURE
 from tests.helpers import emulated_cluster
 from tests.helpers import joined_cli_env
 from tests.helpers import read_trials
+from tests.helpers import read_until
+from tests.helpers import trials_on
 
 pytestmark = pytest.mark.server
 
@@ -35,8 +36,11 @@ def test_node_lost_mid_trial_fails_that_trial_and_the_sweep_completes(tiny_model
             proc = subprocess.Popen([*CLI, "run", str(sweep)], cwd=short_tmp,
                                     env=joined_cli_env(marker, short_tmp), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            assert wait_for_trial_on(occupancy, "127.0.0.2", proc, timeout_s=240)
-            time.sleep(2)  # the trial is under load
+            number = wait_for_trial_on(occupancy, "127.0.0.2", proc, timeout_s=240)
+            assert number is not None
+            # the trial is under load (2 s of start-up, then ~8 s of load): the node dies now
+            seen = read_until(proc, f"trial {number}: under load", timeout_s=120)
+            assert f"trial {number}: under load" in seen, seen
             kill_node(cluster, doomed)
             out, _ = proc.communicate(timeout=400)
             assert proc.returncode == 0, out[-4000:]
@@ -69,7 +73,9 @@ def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path) -> Path:
         "server": {"host": "node", "env": {"FAKE_ENGINE_STARTUP_S": "2",
                                             "FAKE_ENGINE_TPOT_MS": "40",
                                             "FAKE_ENGINE_OCCUPANCY_LOG": str(occupancy)}},
-        "workload": {"num_prompts": 16, "input_len": 8, "output_len": 100,
+        # ~8 s of load a trial (4 waves of 2 s): the node dies right after the trial's
+        # "under load" line, long before its load could end
+        "workload": {"num_prompts": 8, "input_len": 8, "output_len": 50,
                      "max_concurrency": 2, "warmup_requests": 0, "request_timeout_s": 30},
         "sla": {"p99_ttft_ms": 60000},
         "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 3, "baseline": False},
@@ -98,32 +104,15 @@ def kill_node(cluster, node) -> None:
             pass
 
 
-def worker_ips(text: str) -> set[str]:
-    """Node IPs of the trial workers in an occupancy log; release events (no node) and a last
-    line still being written are skipped."""
-    ips = set()
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "node_ip" in event:
-            ips.add(event["node_ip"])
-    return ips
-
-
-def wait_for_trial_on(occupancy: Path, node_ip: str, proc: subprocess.Popen, timeout_s: float) -> bool:
-    """True once FakeEngine's occupancy log shows a trial worker on `node_ip`."""
+def wait_for_trial_on(occupancy: Path, node_ip: str, proc: subprocess.Popen,
+                      timeout_s: float) -> int | None:
+    """The number of the first trial whose worker FakeEngine's occupancy log shows on
+    `node_ip`, once it does (None if the driver ended or the time is up first)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        if occupancy.exists() and node_ip in worker_ips(occupancy.read_text()):
-            return True
+        if occupancy.exists():
+            found = trials_on(occupancy.read_text()).get(node_ip)
+            if found is not None:
+                return found
         time.sleep(0.5)
-    return False
-
-
-def test_worker_ips_skips_release_events_and_a_partial_line():
-    log = ('{"t": 1.0, "node_ip": "127.0.0.3", "bundle": 0}\n'
-           '{"t": 2.0, "group": "ab", "released": true}\n'
-           '{"t": 3.0, "node_ip": "127.0.0.2", "bun')
-    assert worker_ips(log) == {"127.0.0.3"}
+    return None

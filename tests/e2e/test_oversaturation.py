@@ -30,17 +30,15 @@ from framework.trial.measure import measure_capacity
 from framework.trial.saturation import SaturationSettings
 from framework.trial.saturation import SaturationWatch
 from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_env
-from tests.helpers import new_marker
+from tests.helpers import join_shared
 from tests.helpers import read_trials
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.helpers import run_joined
 
 pytestmark = pytest.mark.server
 
 
 @pytest.mark.timeout(400)
-def test_a_flooded_run_is_stopped_and_a_light_one_is_not(tiny_model, short_tmp):
+def test_a_flooded_run_is_stopped_and_a_light_one_is_not(shared_ray, tiny_model, short_tmp):
     """One vLLM server with max-num-seqs 1 serves a light workload (1 req/s) and then a flood
     (50 req/s, far beyond what one sequence at a time serves): the flood is stopped as
     over-saturated within seconds, the light run goes to its end."""
@@ -48,7 +46,7 @@ def test_a_flooded_run_is_stopped_and_a_light_one_is_not(tiny_model, short_tmp):
     space.write_text(yaml.safe_dump({"parameters": {
         "max-concurrency": {"type": "categorical", "choices": [4096], "kind": "run"}}}))
     sweep = short_tmp / "flood.yaml"
-    sweep.write_text(yaml.safe_dump({
+    sweep.write_text(yaml.safe_dump(join_shared({
         "name": "flood", "model": str(tiny_model), "search_space": str(space),
         "server": {"args": {"enforce-eager": True, "max-model-len": 512, "max-num-seqs": 1},
                    "startup_timeout_s": 240},
@@ -59,15 +57,11 @@ def test_a_flooded_run_is_stopped_and_a_light_one_is_not(tiny_model, short_tmp):
              "output_len": 64, "warmup_requests": 0}],
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 1, "baseline": False,
                    "saturation": {"min_duration_s": 4}},
-        "results_dir": str(short_tmp / "results")}))
-    marker = new_marker()
-    try:
-        res = run_cli(["run", str(sweep)], short_tmp, cli_env(marker, short_tmp), timeout_s=360)
-        # the only configuration could not carry the flood: nothing ships
-        assert res.returncode == EXIT_NO_FEASIBLE, res.stdout[-3000:] + res.stderr[-3000:]
-        assert "over-saturated" in res.stdout
-    finally:
-        assert wait_no_marked_processes(marker) == []
+        "results_dir": str(short_tmp / "results")}, shared_ray)))
+    res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
+    # the only configuration could not carry the flood: nothing ships
+    assert res.returncode == EXIT_NO_FEASIBLE, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "over-saturated" in res.stdout
     trial = read_trials(short_tmp / "results", "flood").iloc[0]
     assert trial["state"] == "COMPLETE", trial["fail_detail"]
     assert trial["saturated"] and trial["stopped_early"].startswith("over-saturated")

@@ -4,112 +4,33 @@ tell) on real vLLM CPU servers of the tiny model, with real Parquet. Three serve
 one at a time: the baseline (vLLM's defaults), `--kv-cache-dtype fp8`, `--max-num-seqs 4`
 (marked `lossy: true` in this test's space so that it is probed: the probe must pass it).
 
-The servers run `framework.engine.vllm_server.serve` (what the Ray server actor runs) as local
-processes, each in its own session, stopped by process group: this test is about the probe,
-not about placement, and Ray's start-up would only add time.
+The runner runs in this process with the real RayLauncher on the session's shared Ray, warm
+start on (one zygote, three forked servers), so that the three trials can be enqueued by hand.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import yaml
 from rich.console import Console
 
-from framework.base.errors import TrialError
-from framework.cluster.ports import pick_port
+from framework.cluster import RayLauncher
+from framework.cluster import RaySession
 from framework.results.html_report import render_report
 from framework.sweep.loader import load
 from framework.sweep.loader import server_env
 from framework.sweep.runner import Runner
-from tests.helpers import MARKER_VAR
 from tests.helpers import NO_REMEASURE
-from tests.helpers import ROOT
-from tests.helpers import new_marker
-from tests.helpers import wait_no_marked_processes
-
-HOST = "127.0.0.1"
-SERVE = "import sys; from framework.engine.vllm_server import serve; serve(sys.argv[1:])"
-CACHE = Path(os.environ.get("VLLM_SWEEP_CACHE_DIR") or ROOT / ".cache")
+from tests.helpers import SharedRay
+from tests.helpers import join_shared
+from tests.helpers import wait_no_trial_processes
 
 
-class LocalServer:
-    """trial.ServerHandle: one vLLM server process on 127.0.0.1 in its own session."""
-
-    def __init__(self, argv: Sequence[str], port: int, log_path: Path, env: dict[str, str]) -> None:
-        self.base_url, self.node_ip, self.placement = f"http://{HOST}:{port}", HOST, (HOST,)
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-c", SERVE, *argv], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.pid = self.proc.pid
-
-    def is_alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def failure(self) -> TrialError | None:
-        code = self.proc.poll()
-        return None if code is None else TrialError("startup_crash", f"vLLM exited with {code}")
-
-    def stop(self) -> list[int]:
-        if self.proc.poll() is None:
-            os.killpg(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.pid, signal.SIGKILL)  # vLLM's engine process, if it outlived the server
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        return []
-
-    def command(self, name: str, timeout_s: float = 60.0) -> str:
-        raise AssertionError("server.reuse is off in this test")
-
-    def startup_log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-
-class LocalLauncher:
-    """runner.ClusterLauncher on this machine: one server at a time (the CPU engine's default)."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env, self.servers = env, []
-
-    def node_resources(self) -> list[dict[str, float]]:
-        return [{"CPU": 2.0}]
-
-    def free_devices(self) -> float:
-        return 1.0
-
-    def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
-               wanted: Sequence[dict[str, float]], on_placed: Callable[[], None] = lambda: None,
-               unit: int = 1) -> LocalServer:
-        port = pick_port(HOST, [])
-        server = LocalServer(argv_for_port(HOST, port), port, log_path, self.env)
-        self.servers.append(server)
-        on_placed()
-        return server
-
-    def stop_all(self) -> None:
-        for server in self.servers:
-            server.stop()
-
-
-def write_sweep(tmp: Path, model: Path) -> Path:
+def write_sweep(tmp: Path, model: Path, ray: SharedRay) -> Path:
     space = tmp / "space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [4, 128], "default": 128,
@@ -117,7 +38,7 @@ def write_sweep(tmp: Path, model: Path) -> Path:
         "kv-cache-dtype": {"type": "categorical", "choices": ["auto", "fp8"], "default": "auto"},
     }}))
     sweep = tmp / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({
+    sweep.write_text(yaml.safe_dump(join_shared({
         "name": "quality", "model": str(model), "search_space": str(space), "engine": "cpu",
         "server": {"args": {"enforce-eager": True, "max-model-len": 512}, "reuse": False,
                    "startup_timeout_s": 240},
@@ -125,35 +46,37 @@ def write_sweep(tmp: Path, model: Path) -> Path:
                      "max_concurrency": 4, "seed": 0},
         "sla": {"min_token_agreement": 0.95},
         "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 3, "seed": 0},
-        "results_dir": str(tmp / "results")}))
+        "results_dir": str(tmp / "results")}, ray)))
     return sweep
 
 
 @pytest.mark.timeout(900)
-def test_the_probe_fails_fp8_kv_cache_and_passes_a_max_num_seqs_change(tiny_model, short_tmp):
-    marker = new_marker()
-    sweep = load(write_sweep(short_tmp, tiny_model), check_flags=False)
-    env = {**os.environ, **server_env(sweep.spec), MARKER_VAR: marker,
-           "VLLM_CACHE_ROOT": str(CACHE / "vllm"), "HF_HOME": str(CACHE / "hf"),
-           "PYTHONPATH": str(ROOT)}
-    launcher = LocalLauncher(env)
+def test_the_probe_fails_fp8_kv_cache_and_passes_a_max_num_seqs_change(shared_ray, tiny_model,
+                                                                        short_tmp, monkeypatch):
+    sweep = load(write_sweep(short_tmp, tiny_model, shared_ray), check_flags=False)
     out = io.StringIO()
-    runner = Runner(sweep, launcher, Console(file=out, width=200))
-    runner.tuner.enqueue_baseline(sweep.space.defaults())
-    runner.tuner.enqueue_new([{"max-num-seqs": 128, "kv-cache-dtype": "fp8"},
-                              {"max-num-seqs": 4, "kv-cache-dtype": "auto"}])
-    started = time.monotonic()
-    try:
-        runner.run(3)
-    finally:
-        launcher.stop_all()
-        left = wait_no_marked_processes(marker)
-    took = time.monotonic() - started
-    print(f"3 trials (3 vLLM servers, one at a time) in {took:.0f} s")
-    assert left == [] and len(launcher.servers) == 3
+    monkeypatch.setenv("RAY_TMPDIR", str(shared_ray.folder))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init installs its own handler here
+    with RaySession(shared_ray.address):
+        launcher = RayLauncher(env=server_env(sweep.spec), host="node", engine="cpu",
+                               warm_start=True)
+        runner = Runner(sweep, launcher, Console(file=out, width=200))
+        runner.tuner.enqueue_baseline(sweep.space.defaults())
+        runner.tuner.enqueue_new([{"max-num-seqs": 128, "kv-cache-dtype": "fp8"},
+                                  {"max-num-seqs": 4, "kv-cache-dtype": "auto"}])
+        try:
+            runner.run(3)
+        finally:
+            launcher.stop_all()
+            launcher.close()
+    signal.signal(signal.SIGTERM, sigterm)
+    assert wait_no_trial_processes(shared_ray.marker) == [], out.getvalue()[-3000:]
 
     trials = sweep.store.read_trials().set_index("trial_number")
     assert list(trials["state"]) == ["COMPLETE"] * 3, trials[["fail_reason", "fail_detail"]]
+    assert trials["server_pid"].nunique() == 3 and not trials["server_reused"].any()
     baseline, fp8, seqs = trials.loc[0], trials.loc[1], trials.loc[2]
     assert (fp8["param_kv_cache_dtype"], seqs["param_max_num_seqs"]) == ("fp8", 4)
     itself = baseline["quality_baseline_agreement"]

