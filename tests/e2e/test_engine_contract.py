@@ -17,6 +17,7 @@ import pytest
 from framework.cluster.ports import pick_port
 from framework.engine import control
 from framework.engine.server_metrics import PREFIX_HITS
+from framework.engine.server_metrics import PREFIX_QUERIES
 from framework.engine.server_metrics import fetch_text
 from framework.engine.server_metrics import parse_metrics
 from framework.load.loadgen import run_load
@@ -85,30 +86,30 @@ def test_engine_serves_streaming_completions_with_usage(running_engine, tiny_mod
     assert all(r.output_tokens == 12 and r.prompt_tokens > 0 for r in result.records)
     assert all(r.ttft_s is not None and r.ttft_s > 0 and len(r.chunk_s) >= 1 for r in result.records)
 
-    def hits() -> float:
-        return parse_metrics(fetch_text(f"{base_url}/metrics", 10)).get(PREFIX_HITS, 0.0)
+    def counters() -> tuple[float, float]:
+        values = parse_metrics(fetch_text(f"{base_url}/metrics", 10))
+        return values.get(PREFIX_QUERIES, 0.0), values.get(PREFIX_HITS, 0.0)
 
     long = [RequestSpec(prompt="the quick brown fox " * 45, prompt_len=290, output_len=4)]
-    def send() -> None:
+
+    def send_after(before: tuple[float, float]) -> tuple[float, float]:
+        """Send the long prompt, then wait for vLLM to publish its lookup (from its output
+        loop, a moment after the response): the queries counter passes `before`'s. Returns
+        the counters then: the hits that lookup found are in them."""
         done = asyncio.run(run_load(base_url, str(tiny_model), long, api_key=api_key))
         assert done.records[0].success, done.records[0].error
-
-    def hits_after(before: float) -> float:
-        """The counter once it moved past `before`, or after 3 s (vLLM publishes it from
-        its output loop, a moment after the response)."""
-        deadline = time.monotonic() + 3
-        while (now := hits()) <= before and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while (now := counters())[0] <= before[0] and time.monotonic() < deadline:
             time.sleep(0.2)
+        assert now[0] > before[0], "the server never counted the prompt's cache lookup"
         return now
 
-    send()
-    before = hits_after(-1.0)
-    send()
-    assert hits_after(before) > before, "a repeated prompt must hit the prefix cache"
+    first = send_after(counters())
+    second = send_after(first)
+    assert second[1] > first[1], "a repeated prompt must hit the prefix cache"
     dev_route = urllib.request.Request(f"{base_url}/reset_prefix_cache", data=b"", method="POST")
     with pytest.raises(urllib.error.HTTPError, match="404"):
         urllib.request.urlopen(dev_route, timeout=10)
     reset_prefix_cache(ControlledServer(socket_path))
-    before = hits_after(-1.0)
-    send()
-    assert hits_after(before) == before, "after the reset the same prompt must miss"
+    before = counters()
+    assert send_after(before)[1] == before[1], "after the reset the same prompt must miss"

@@ -58,9 +58,9 @@ def test_trace_replay_sweep_runs_and_reads_back(shared_ray, tiny_model, short_tm
     for speed, group in requests.groupby("speed"):
         assert list(group["prompt_tokens"]) == lengths
         assert list(group["scheduled_s"]) == pytest.approx(send_offsets(rows, float(speed)))
-        # never sent early; never late by half the schedule's own span (3.9 s at 1x, 1.3 s at
-        # 3x): that catches a wrong speed-up or sends waiting for replies (lateness growing
-        # with the run), not the jitter of a loaded machine, which is no test's business
+        # never sent early; never late by the schedule's whole span (3.9 s at 1x, 1.3 s at 3x):
+        # that catches a wrong speed-up or sends waiting for replies (lateness growing with the
+        # run), not the jitter of a loaded machine, which is no test's business
         late = group["send_s"] - group["scheduled_s"]
         span = group["scheduled_s"].max()
-        assert late.min() > -0.01 and late.max() < span / 2, late.describe()
+        assert late.min() > -0.01 and late.max() < span, late.describe()
