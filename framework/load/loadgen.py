@@ -225,6 +225,29 @@ async def stream_one(
     )
 
 
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def sleep_until(when: float) -> None:
+    """Sleep until the running loop's clock reads ``when``; return at once (without yielding)
+    if it already has.
+
+    One absolute timer: ``asyncio.sleep(when - loop.time())`` reads the clock twice, and a
+    pause of the process between the two reads (a garbage collection, the CPU given to
+    another process) would push the wake-up back by the pause's length."""
+    loop = asyncio.get_running_loop()
+    if when <= loop.time():
+        return
+    future: asyncio.Future[None] = loop.create_future()
+    handle = loop.call_at(when, _wake, future)
+    try:
+        await future
+    finally:
+        handle.cancel()
+
+
 def check_run_args(count: int, items: str, arrivals: Sequence[float] | None,
                    bounds: Mapping[str, int | None], timeout_s: float,
                    duration_s: float | None, endpoint: str) -> None:
@@ -284,9 +307,7 @@ async def run_load(
     async def one(index: int, spec: RequestSpec, loop_start: float) -> RequestRecord | None:
         if offsets[index] >= deadline:
             return None
-        delay = loop_start + offsets[index] - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(loop_start + offsets[index])
         payload = make_payload(model, spec, ignore_eos, fields)
         if semaphore is None:
             record = await stream_one(pool, path, index, payload, timeout_s, clock)

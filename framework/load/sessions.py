@@ -32,6 +32,7 @@ from framework.load.loadgen import Endpoint
 from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import check_run_args
+from framework.load.loadgen import sleep_until
 from framework.load.loadgen import stream_one
 from framework.load.sse import Clock
 
@@ -97,9 +98,10 @@ async def run_sessions(
         records: list[RequestRecord] = []
         answers: list[str] = []
         for k in range(len(session.turns)):
-            wait = (loop_start + offsets[i] - loop.time()) if k == 0 else session.think_s[k - 1]
-            if wait > 0:
-                await asyncio.sleep(wait)
+            if k == 0:
+                await sleep_until(loop_start + offsets[i])
+            elif session.think_s[k - 1] > 0:
+                await asyncio.sleep(session.think_s[k - 1])
             if loop.time() - loop_start >= deadline:
                 break
             payload = turn_payload(endpoint, model, session, k, answers, ignore_eos, fields)
@@ -120,9 +122,7 @@ async def run_sessions(
             return []
         if open_sessions is None:
             return await hold(i, session, loop_start)
-        delay = loop_start + offsets[i] - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(loop_start + offsets[i])
         async with open_sessions:
             return await hold(i, session, loop_start)
 

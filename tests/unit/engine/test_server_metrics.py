@@ -16,6 +16,7 @@ from datetime import datetime
 import pytest
 
 from framework.config.search_space import load_search_space
+from framework.engine import server_metrics
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
 from framework.engine.server_metrics import MetricsSampler
 from framework.engine.server_metrics import Sample
@@ -29,6 +30,7 @@ from framework.trial.run import TrialOutcome
 from tests.helpers import ROOT
 
 LABELS = 'engine="0",model_name="m"'
+ANSWER_S = 30.0  # timeout of a scrape the server answers at once: no loaded machine reaches it
 
 
 def page(kv: float = 0.0, running: float = 0, waiting: float = 0, preempt: float = 0,
@@ -144,17 +146,30 @@ def test_summarize_skips_samples_missing_a_name() -> None:
 
 
 class FakeFetch:
-    """Serves the given pages in order (then repeats the last); raises for None entries."""
+    """Serves the given pages in order (then repeats the last); raises for None entries. Every
+    fetch after the first waits until `go` is set (events: no fetch can come early or be
+    missed, however the machine schedules the sampler's thread)."""
 
     def __init__(self, pages: list[str | None]) -> None:
         self.pages, self.urls = pages, []
+        self.go = threading.Event()
+        self._fetched = threading.Condition()
 
     def __call__(self, url: str, timeout_s: float) -> str:
-        self.urls.append(url)
-        text = self.pages[min(len(self.urls) - 1, len(self.pages) - 1)]
+        if self.urls:
+            assert self.go.wait(ANSWER_S)
+        with self._fetched:
+            self.urls.append(url)
+            text = self.pages[min(len(self.urls) - 1, len(self.pages) - 1)]
+            self._fetched.notify_all()
         if text is None:
             raise ConnectionError("refused")
         return text
+
+    def until(self, n: int) -> None:
+        """Return once `n` fetches were made."""
+        with self._fetched:
+            assert self._fetched.wait_for(lambda: len(self.urls) >= n, ANSWER_S), self.urls
 
 
 @pytest.mark.timeout(30)
@@ -164,8 +179,8 @@ def test_sampler_brackets_the_run_and_counts_failures() -> None:
     sampler = MetricsSampler("http://host:1/", interval_s=0.01, clock=lambda: float(next(ticks)),
                              fetch=fetch).start()
     assert len(sampler.result.samples) == 1  # the baseline is taken before start() returns
-    while len(fetch.urls) < 4:
-        pass
+    fetch.go.set()
+    fetch.until(4)
     result = sampler.stop()
     assert fetch.urls[0] == "http://host:1/metrics"
     assert result.errors == 1 and "refused" in result.last_error
@@ -219,19 +234,21 @@ def metrics_server() -> Iterator[str]:
 
 @pytest.mark.timeout(30)
 def test_fetch_text_gets_a_200_body_and_raises_for_other_statuses(metrics_server: str) -> None:
-    assert fetch_text(f"{metrics_server}/metrics", 2.0) == page(kv=0.25, preempt=1)
+    assert fetch_text(f"{metrics_server}/metrics", ANSWER_S) == page(kv=0.25, preempt=1)
     with pytest.raises(OSError, match="HTTP 404"):
-        fetch_text(f"{metrics_server}/nowhere", 2.0)
+        fetch_text(f"{metrics_server}/nowhere", ANSWER_S)
 
 
 @pytest.mark.timeout(30)
 def test_sampler_scrapes_a_real_server_with_its_own_fetch(metrics_server: str) -> None:
-    sampler = MetricsSampler(metrics_server + "/", interval_s=0.05).start()
-    assert MetricsPages.scrapes == 1
+    sampler = MetricsSampler(metrics_server + "/", interval_s=0.05, timeout_s=ANSWER_S).start()
+    # the baseline is the first scrape (how many the thread took by the time start() has
+    # returned depends on the machine's speed; see the brackets test for that with events)
     while MetricsPages.scrapes < 4:
         time.sleep(0.01)
     result = sampler.stop()
     assert result.errors == 0 and len(result.samples) == MetricsPages.scrapes >= 5
+    assert [s.bracket for s in result.samples] == [True] + [False] * (len(result.samples) - 2) + [True]
     assert [s.values["vllm:num_preemptions_total"] for s in result.samples] == [
         float(n) for n in range(1, len(result.samples) + 1)]
     summary = summarize(result.samples)
@@ -258,17 +275,52 @@ def test_sampler_ramps_up_then_keeps_the_interval(interval_s, first) -> None:
     assert [round(next(offsets), 6) for _ in first] == first
 
 
+class VirtualTime:
+    """server_metrics' `time` and a sampler's stop event on one virtual clock: a wait on the
+    event moves the clock on by its timeout, and the event counts as set once the clock
+    reaches `stop_at` (the load's end). `set()` does nothing: the sampler's thread runs to
+    `stop_at` by itself, so its schedule never races the thread that stops it."""
+
+    thread_time = staticmethod(time.thread_time)
+
+    def __init__(self, stop_at: float) -> None:
+        self.now, self.stop_at = 0.0, stop_at
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, timeout: float) -> bool:
+        if self.now + timeout >= self.stop_at:
+            self.now = self.stop_at
+            return True
+        self.now += timeout
+        return False
+
+    def set(self) -> None:
+        pass
+
+    def is_set(self) -> bool:
+        return self.now >= self.stop_at
+
+
 @pytest.mark.timeout(30)
-def test_a_short_load_is_scraped_while_it_runs(metrics_server: str) -> None:
+def test_a_short_load_is_scraped_while_it_runs(metrics_server: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """0.8 s between start and stop (a load stopped early) at the default 0.5 s interval: the
     ramp's scrapes at 0.1, 0.2, 0.3 s and the one at 0.5 s, between the two brackets (a scrape
-    every 0.5 s alone would have taken one; >= 2 leaves room for a stall on a busy machine)."""
-    sampler = MetricsSampler(metrics_server).start()
-    time.sleep(0.8)
-    result = sampler.stop()
-    assert result.samples[0].bracket and result.samples[-1].bracket
-    assert sum(1 for s in result.samples if s.bracket) == 2
-    assert 2 <= summarize(result.samples)["metrics_samples"] <= 4, result.samples
+    every 0.5 s alone would have taken one). The schedule runs on a virtual clock, so how fast
+    the machine runs the sampler's thread cannot change it; the scrapes are real ones, of a
+    real server."""
+    virtual = VirtualTime(stop_at=0.8)
+    monkeypatch.setattr(server_metrics, "time", virtual)
+    sampler = MetricsSampler(metrics_server, timeout_s=ANSWER_S, clock=virtual.monotonic)
+    sampler._stop = virtual  # type: ignore[assignment]
+    result = sampler.start().stop()
+    assert result.errors == 0, result.last_error
+    assert [s.t_s for s in result.samples] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.5, 0.8])
+    assert [s.bracket for s in result.samples] == [True, False, False, False, False, True]
+    assert summarize(result.samples)["metrics_samples"] == 4
+    assert MetricsPages.scrapes == 6
 
 
 def test_sampler_rejects_bad_interval() -> None:

@@ -10,7 +10,6 @@ import asyncio
 import http.server
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,12 +33,15 @@ from framework.sweep.trial_load import load_plan
 from framework.sweep.trial_plan import plan_trial
 from framework.trial.run import TrialOutcome
 
+WAIT_S = 30.0  # ends a wait for what must happen; reached only when it never does
+
 
 class Completions(http.server.BaseHTTPRequestHandler):
     """POST /v1/completions -> vLLM's non-streaming answer with `token_ids` and logprobs: ids
     from the prompt's bytes; with `server.diverge_at = k`, position k onwards differs;
     `server.status` other than 200 answers that status. Keeps every body and the peak number
-    of requests in flight."""
+    of requests in flight. With `server.overlap = n`, each request waits (an event, not a
+    delay) until the peak reached 2 or all n requests came (a single last one)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -50,7 +52,10 @@ class Completions(http.server.BaseHTTPRequestHandler):
             server.bodies.append(body)
             server.in_flight += 1
             server.peak = max(server.peak, server.in_flight)
-        time.sleep(0.02)  # long enough for requests to overlap
+            server.lock.notify_all()
+            if server.overlap:
+                server.lock.wait_for(lambda: server.peak >= 2
+                                     or len(server.bodies) >= server.overlap, timeout=WAIT_S)
         seed = sum(body["prompt"].encode())
         ids = [(seed + 7 * i) % 4096 for i in range(body["max_tokens"])]
         if server.diverge_at is not None:
@@ -75,8 +80,8 @@ class Completions(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[http.server.ThreadingHTTPServer]:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Completions)
-    srv.lock, srv.bodies, srv.in_flight, srv.peak = threading.Lock(), [], 0, 0
-    srv.diverge_at, srv.status = None, 200
+    srv.lock, srv.bodies, srv.in_flight, srv.peak = threading.Condition(), [], 0, 0
+    srv.diverge_at, srv.status, srv.overlap = None, 200, 0
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
@@ -122,7 +127,8 @@ def test_probe_prompts_are_fixed_by_their_settings(tiny_model):
 @pytest.mark.timeout(30)
 def test_send_probe_sends_each_prompt_once_in_order_within_the_concurrency(server):
     prompts = [f"prompt number {i}" for i in range(10)]
-    answers = asyncio.run(send_probe(server.url, "m", prompts, 6, 3, 10.0))
+    server.overlap = len(prompts)  # held until two overlap: > 1 whatever the machine's speed
+    answers = asyncio.run(send_probe(server.url, "m", prompts, 6, 3, WAIT_S))
     assert sorted(b["prompt"] for b in server.bodies) == sorted(prompts)
     assert all(b == probe_payload("m", b["prompt"], 6) for b in server.bodies)
     assert [a.token_ids[0] for a in answers] == [sum(p.encode()) % 4096 for p in prompts]
@@ -134,10 +140,10 @@ def test_send_probe_sends_each_prompt_once_in_order_within_the_concurrency(serve
 def test_a_failed_probe_request_names_its_prompt(server):
     server.status = 500
     with pytest.raises(ProbeError, match=r"probe prompt \d: HTTP 500"):
-        asyncio.run(send_probe(server.url, "m", ["a", "b"], 4, 2, 10.0))
+        asyncio.run(send_probe(server.url, "m", ["a", "b"], 4, 2, WAIT_S))
 
 
-SETTINGS = ProbeSettings(prompts=4, input_len=16, max_tokens=8, concurrency=2, timeout_s=10.0)
+SETTINGS = ProbeSettings(prompts=4, input_len=16, max_tokens=8, concurrency=2, timeout_s=WAIT_S)
 
 
 def write_sweep(tmp_path: Path, model: Path, baseline: bool = True, engine: str = "cpu") -> Path:
@@ -196,21 +202,41 @@ def test_the_gate_probes_the_baseline_twice_and_judges_lossy_trials(tmp_path, ti
     assert len(server.bodies) == before + SETTINGS.prompts
 
 
+class WaitSeen(threading.Condition):
+    """A QualityGate's condition that tells when a trial began to wait on it for the
+    reference (the test waits on that event, not for a while)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()  # the lock is still held: a notify cannot come before the wait
+        return super().wait(timeout)
+
+
+def waited_on(gate: QualityGate) -> threading.Event:
+    cond = WaitSeen()
+    gate._cond = cond
+    return cond.waiting
+
+
 @pytest.mark.timeout(60)
 def test_a_trial_waits_for_the_running_baseline_and_is_unknown_without_one(tmp_path, tiny_model,
                                                                              server):
     sweep, plan = plans(write_sweep(tmp_path, tiny_model))
     gate = QualityGate(sweep, SETTINGS)
+    waiting = waited_on(gate)
     baseline = plan(0, {"max-num-seqs": 128, "kv-cache-dtype": "auto"}, True)
     base = gate.probe_for(baseline)  # the baseline runs from here on
     got: list = []
     waiter = threading.Thread(target=lambda: got.append(
         gate.probe_for(plan(1, {"max-num-seqs": 128, "kv-cache-dtype": "fp8"}))(server.url)))
     waiter.start()
-    time.sleep(0.5)
+    assert waiting.wait(WAIT_S), "the trial never waited for the reference"
     assert not got  # probed, now waiting for the reference
     base(server.url)
-    waiter.join(10)
+    waiter.join(WAIT_S)
     assert got[0].token_agreement == 1.0 and got[0].ok
 
     # the baseline failed before its probe: recorded, waiting trials stop waiting
@@ -218,14 +244,15 @@ def test_a_trial_waits_for_the_running_baseline_and_is_unknown_without_one(tmp_p
     tmp.mkdir()
     sweep, plan = plans(write_sweep(tmp, tiny_model))
     gate = QualityGate(sweep, SETTINGS)
+    waiting = waited_on(gate)
     gate.probe_for(baseline)
     waiter = threading.Thread(target=lambda: got.append(
         gate.probe_for(plan(1, {"max-num-seqs": 128, "kv-cache-dtype": "fp8"}))(server.url)))
     waiter.start()
-    time.sleep(0.5)
+    assert waiting.wait(WAIT_S), "the trial never waited for the reference"
     gate.recorded(baseline.proposal, TrialOutcome(started_at=None, argv=(),
                                                   fail_reason="startup_crash"))
-    waiter.join(10)
+    waiter.join(WAIT_S)
     assert got[1].ok is None and got[1].token_agreement is None
     assert "quality unknown: the baseline trial stored no probe" in got[1].note
 

@@ -39,10 +39,11 @@ from tests.unit.load.test_loadgen import FakeSSEServer
 class EchoChatServer(FakeSSEServer):
     """test_loadgen's FakeSSEServer answering every request with the streamed answer
     `answer-<n>` (n counts requests), in two content chunks after `delay_s`; HTTP 500 when the
-    newest user message is "FAIL". Keeps each body with its arrival and end times."""
+    newest user message is "FAIL". Keeps each body with its arrival and end times. Each answer
+    first waits in `held()` (FakeSSEServer's `peak_to_reach`)."""
 
-    def __init__(self, delay_s: float = 0.02) -> None:
-        super().__init__()
+    def __init__(self, delay_s: float = 0.02, peak_to_reach: int = 1) -> None:
+        super().__init__(peak_to_reach)
         self.delay_s = delay_s
         self.seen: list[dict[str, Any]] = []  # body, answer, start, end (time.perf_counter)
 
@@ -57,12 +58,12 @@ class EchoChatServer(FakeSSEServer):
         newest = body["messages"][-1]["content"] if chat else body["prompt"].split(" ")[-1]
         if newest == "FAIL":
             return web.Response(status=500, text="no")
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.enter()
         text = f"answer-{len(self.seen) - 1}"
         entry["answer"] = text
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        await self.held()
         await asyncio.sleep(self.delay_s)
         chunks = [text[:3], text[3:]]
         if chat:
@@ -84,9 +85,10 @@ def session(*users: str, think_s: float = 0.0) -> Session:
                    think_s=(think_s,) * (len(users) - 1))
 
 
-def run(sessions: list[Session], endpoint: str = "chat", delay_s: float = 0.02, **kwargs: Any):
+def run(sessions: list[Session], endpoint: str = "chat", delay_s: float = 0.02,
+        peak_to_reach: int = 1, **kwargs: Any):
     async def go():
-        async with EchoChatServer(delay_s) as server:
+        async with EchoChatServer(delay_s, peak_to_reach) as server:
             result = await run_sessions(server.url, "m", sessions, endpoint=endpoint, **kwargs)
             return server, result
     return asyncio.run(go())
@@ -149,17 +151,23 @@ def test_open_sessions_are_bounded() -> None:
 
 
 def test_requests_in_flight_are_bounded() -> None:
+    # the server holds the answers until two requests were in flight at once (the first two
+    # turns are sent together): the peak is reached however slow the machine is, and exceeded
+    # only if the driver broke its bound
     sessions = [session(f"r{i}-0", f"r{i}-1") for i in range(6)]
-    server, result = run(sessions, max_concurrency=2, delay_s=0.05)
+    server, result = run(sessions, max_concurrency=2, peak_to_reach=2)
     assert server.max_in_flight == 2 and len(result.records) == 12
 
 
 def test_sessions_start_at_their_arrivals_and_stop_at_the_duration() -> None:
-    sessions = [session("d0-0", "d0-1", think_s=0.6), session("d1-0"), session("d2-0")]
-    server, result = run(sessions, arrivals=[0.0, 0.2, 5.0], duration_s=0.5)
+    # d0-1 comes a whole bound's think time after d0-0's answer, so past the bound on any
+    # machine; d1 arrives 0.8 s before it, far more than a loaded machine delays a send
+    sessions = [session("d0-0", "d0-1", think_s=1.0), session("d1-0"), session("d2-0")]
+    server, result = run(sessions, arrivals=[0.0, 0.2, 5.0], duration_s=1.0)
     firsts = {e["body"]["messages"][0]["content"]: e["start"] for e in server.seen}
-    assert set(firsts) == {"d0-0", "d1-0"}  # d0-1 (0.6 s think) and d2 (5 s) after 0.5 s
-    assert firsts["d1-0"] - firsts["d0-0"] >= 0.18
+    assert set(firsts) == {"d0-0", "d1-0"}  # d0-1 (1 s think) and d2 (5 s) after 1 s
+    # arrivals count from the run's start (not from d0's send, which load may delay)
+    assert firsts["d1-0"] - result.start_s >= 0.18
     assert result.not_sent == 2
 
 

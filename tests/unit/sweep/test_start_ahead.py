@@ -5,6 +5,7 @@ trial is still told once with its rows (the runner contract of test_runner_contr
 from __future__ import annotations
 
 import io
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,35 +24,65 @@ from tests.unit.sweep.test_runner_contract import FakeLauncher
 from tests.unit.sweep.test_runner_contract import _sweep
 from tests.unit.sweep.test_runner_contract import _told_once_with_rows
 
+WAIT_S = 60.0  # ends a wait for what must happen; reached only when it never does
+HOLD_S = 0.05  # how long the first measurement goes on once another one waits
+
 
 class RecordingGate(ShareGate):
-    """The real gate, with the times its measurements began and ended."""
+    """The real gate, with the times its measurements began and ended. With `hold_first`, the
+    first measurement goes on until another one waits for it, and HOLD_S more: a trial then
+    waits for another's measurement by construction, not by timing."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_first: bool = False) -> None:
         super().__init__()
         self.measured: list[tuple[float, float]] = []
+        self._hold = hold_first
 
     @contextmanager
     def measuring(self) -> Iterator[float]:
         with super().measuring() as waited:
             began = time.monotonic()
             try:
+                if self._hold:
+                    self._hold = False
+                    self._until_another_waits()
+                    time.sleep(HOLD_S)
                 yield waited
             finally:
                 self.measured.append((began, time.monotonic()))
 
+    def _until_another_waits(self) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            with self._cond:
+                if self._waiting:
+                    return
+            assert time.monotonic() < deadline, "no other trial asked to be measured"
+            time.sleep(0.001)
+
 
 class StampingLauncher(FakeLauncher):
-    """FakeLauncher that stamps each server's start (right after `on_placed`) and stop."""
+    """FakeLauncher that stamps each server's start (right after `on_placed`) and stop. With
+    `together`, the first that many launches wait for each other after `on_placed` (that is,
+    once the start-ahead gate let each start): their servers start side by side however the
+    machine schedules the trials' threads."""
 
-    def __init__(self, gpus: int) -> None:
+    def __init__(self, gpus: int, together: int = 0) -> None:
         super().__init__(gpus)
         self.stamps: list[tuple[str, float]] = []
+        self._together = threading.Barrier(together) if together else None
+        self._placed = 0
+        self._placed_lock = threading.Lock()
 
     def launch(self, argv_for_port, log_path, wanted, on_placed=lambda: None, unit=1):
         def placed() -> None:
             on_placed()
             self.stamps.append(("start", time.monotonic()))
+            with self._placed_lock:
+                self._placed += 1
+                first = self._together is not None and self._placed <= self._together.parties
+            if first:
+                self._together.wait(WAIT_S)
 
         server = super().launch(argv_for_port, log_path, wanted, placed, unit)
         stop = server.stop
@@ -71,13 +102,15 @@ def _with_start_ahead(path, n: int) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_servers_start_side_by_side_and_each_trial_is_measured_alone(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_ENGINE_STARTUP_S", "0.5")  # start-ups long enough to overlap
+def test_servers_start_side_by_side_and_each_trial_is_measured_alone(tmp_path):
+    """The first two servers start together and the first measurement lasts until the other
+    trial waits for it (events, see StampingLauncher and RecordingGate): what the test
+    asserts does not depend on start-ups being long enough to overlap."""
     path = _sweep(tmp_path, "ahead", {"max-num-seqs": {"type": "categorical",
                                                         "choices": [4, 8, 16, 32]}},
                   reuse=False, n_trials=4)
     _with_start_ahead(path, 1)
-    gate, launcher = RecordingGate(), StampingLauncher(gpus=2)
+    gate, launcher = RecordingGate(hold_first=True), StampingLauncher(gpus=2, together=2)
     runner = Runner(load(path), launcher, Console(file=io.StringIO(), width=200), gate=gate)
     counted = Counted(runner.tuner)
     runner.run(4)
@@ -92,7 +125,7 @@ def test_servers_start_side_by_side_and_each_trial_is_measured_alone(tmp_path, m
         inside = [s for s in spans if s[0] < t < s[1]]
         assert not inside, f"a server {what} happened during a measurement"
     assert (trials["gate_wait_s"] >= 0).all()
-    assert trials["gate_wait_s"].max() > 0.01, "no trial waited for another to be measured"
+    assert trials["gate_wait_s"].max() >= HOLD_S, "no trial waited for another to be measured"
 
 
 @pytest.mark.timeout(60)
