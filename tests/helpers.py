@@ -79,16 +79,23 @@ def wait_no_marked_processes(marker: str, timeout_s: float = 45.0) -> list[str]:
     return described
 
 
-def engine_cores(marker: str) -> set[int]:
-    """The pids of vLLM's EngineCore processes that carry the marker."""
-    found = set()
+def marked_commands(marker: str, marks: tuple[str, ...]) -> dict[int, str]:
+    """pid -> command line of the processes that carry the marker and whose command line
+    holds one of `marks`."""
+    found = {}
     for p in marked_processes(marker):
         try:
-            if "EngineCore" in " ".join(p.cmdline()):
-                found.add(p.pid)
+            line = " ".join(p.cmdline())
         except psutil.Error:
             continue
+        if any(mark in line for mark in marks):
+            found[p.pid] = line
     return found
+
+
+def engine_cores(marker: str) -> set[int]:
+    """The pids of vLLM's EngineCore processes that carry the marker."""
+    return set(marked_commands(marker, ("EngineCore",)))
 
 
 def new_engine_core(marker: str, before: set[int], timeout_s: float) -> bool:
@@ -248,15 +255,8 @@ TRIAL_PROCESS_MARKS = ("ServerActor", "FakeWorker", "ZygoteKeeper", "framework.e
 
 def trial_processes(marker: str) -> list[str]:
     """The processes of a cluster (by its marker) that belong to a trial, described."""
-    found = []
-    for proc in marked_processes(marker):
-        try:
-            line = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if any(mark in line for mark in TRIAL_PROCESS_MARKS):
-            found.append(f"{proc.pid} {line[:120]}")
-    return found
+    return [f"{pid} {line[:120]}"
+            for pid, line in marked_commands(marker, TRIAL_PROCESS_MARKS).items()]
 
 
 def wait_no_trial_processes(marker: str, timeout_s: float = 45.0) -> list[str]:
@@ -285,24 +285,26 @@ def cli_joined(args: list[str], cwd: Path, marker: str,
                ray_tmp: Path) -> subprocess.CompletedProcess:
     """`vllm-sweep ARGS` in this process (cli_in_process), TMPDIR `cwd`, for a command that joins
     an emulated cluster (its processes carry `marker`; RAY_TMPDIR `ray_tmp`, its folder)."""
-    return cli_in_process(*args, cwd=cwd, env={**joined_cli_env(marker, cwd),
-                                               "RAY_TMPDIR": str(ray_tmp)})
+    return cli_in_process(*args, cwd=cwd, env=joined_cli_env(marker, cwd, ray_tmp))
 
 
 def run_joined(ray: SharedRay, args: list[str], cwd: Path,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`vllm-sweep ARGS` in this process (cli_in_process), joined to the shared Ray, with
     TMPDIR `cwd` and `env`'s variables added; asserts it left no trial process behind."""
-    res = cli_in_process(*args, cwd=cwd, env={**joined_cli_env(ray.marker, cwd),
-                                               "RAY_TMPDIR": str(ray.folder), **(env or {})})
+    res = cli_in_process(*args, cwd=cwd,
+                         env={**joined_cli_env(ray.marker, cwd, ray.folder), **(env or {})})
     assert wait_no_trial_processes(ray.marker) == [], res.stdout[-2000:]
     return res
 
 
-def joined_cli_env(marker: str, tmp: Path) -> dict[str, str]:
-    """cli_env for a sweep that joins a cluster through `cluster.address` (no RAY_ADDRESS)."""
+def joined_cli_env(marker: str, tmp: Path, ray_tmp: Path | None = None) -> dict[str, str]:
+    """cli_env for a sweep that joins a cluster through `cluster.address` (no RAY_ADDRESS);
+    RAY_TMPDIR `ray_tmp` (the emulated cluster's folder) if given."""
     env = cli_env(marker, tmp)
     env.pop("RAY_ADDRESS", None)
+    if ray_tmp is not None:
+        env["RAY_TMPDIR"] = str(ray_tmp)
     return env
 
 

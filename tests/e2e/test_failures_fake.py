@@ -67,11 +67,6 @@ def fake_sweep(ray: SharedRay, tmp: Path, model: Path, name: str, *, tpot_ms: fl
     return sweep
 
 
-def joined_child_env(ray: SharedRay, tmp: Path) -> dict[str, str]:
-    """The environment of a `vllm-sweep run` child that joins the shared Ray."""
-    return {**joined_cli_env(ray.marker, tmp), "RAY_TMPDIR": str(ray.folder)}
-
-
 def request_count(results: Path, name: str, number: int) -> int:
     return duckdb.sql(f"SELECT count(*) FROM read_parquet('{results}/{name}/requests/**/*.parquet', "
                       f"hive_partitioning=true) WHERE trial_number = {number}").fetchall()[0][0]
@@ -113,7 +108,7 @@ def test_trial_deadline_ends_the_trial_keeps_its_requests_and_the_api_key_stays_
 @pytest.mark.timeout(300)
 def test_sigterm_of_the_driver_records_interrupted_and_requeues_it(shared_ray, tiny_model,
                                                                     short_tmp):
-    env = joined_child_env(shared_ray, short_tmp)
+    env = joined_cli_env(shared_ray.marker, short_tmp, shared_ray.folder)
     sweep = fake_sweep(shared_ray, short_tmp, tiny_model, "sigterm", tpot_ms=100, num_prompts=8,
                        output_len=16, search={"requeue_interrupted": True})
     summary = short_tmp / "summary.json"
@@ -140,7 +135,7 @@ def test_sigterm_of_the_driver_records_interrupted_and_requeues_it(shared_ray, t
 @pytest.mark.timeout(300)
 def test_server_actor_killed_mid_load_is_server_died_and_leaves_nothing(shared_ray, tiny_model,
                                                                          short_tmp):
-    env = joined_child_env(shared_ray, short_tmp)
+    env = joined_cli_env(shared_ray.marker, short_tmp, shared_ray.folder)
     sweep = fake_sweep(shared_ray, short_tmp, tiny_model, "actor", tpot_ms=100, num_prompts=16,
                        output_len=16, search={"n_trials": 2})
     with cli_process(["run", str(sweep)], short_tmp, env) as proc:
@@ -229,7 +224,7 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
 def test_a_second_driver_of_a_running_sweep_exits_3(shared_ray, tiny_model, short_tmp):
     sweep = fake_grid_sweep(short_tmp, tiny_model, "twice", startup_s=20)
     sweep.write_text(yaml.safe_dump(join_shared(yaml.safe_load(sweep.read_text()), shared_ray)))
-    env = joined_child_env(shared_ray, short_tmp)
+    env = joined_cli_env(shared_ray.marker, short_tmp, shared_ray.folder)
     first = start_driver(sweep, short_tmp, env)
     try:
         seen = read_until(first, "starting server", timeout_s=120)

@@ -28,9 +28,8 @@ import pytest
 import yaml
 
 from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_in_process
+from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
-from tests.helpers import joined_cli_env
 from tests.helpers import occupancy_events
 from tests.helpers import read_trials
 from tests.scheduling_math import SCALE_VAR
@@ -80,8 +79,7 @@ def test_mixed_trials_on_fake_gpus(tiny_model, short_tmp, gpu_cluster):
         "cluster": {"address": address},
         "results_dir": str(short_tmp / "results"),
     }))
-    res = cli_in_process("run", str(sweep), cwd=short_tmp,
-                         env={**joined_cli_env(marker, short_tmp), "RAY_TMPDIR": str(short_tmp)})
+    res = cli_joined(["run", str(sweep)], short_tmp, marker, short_tmp)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
 
     trials = read_trials(short_tmp / "results", "scale")
