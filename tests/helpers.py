@@ -111,11 +111,9 @@ def new_engine_core(marker: str, before: set[int], timeout_s: float) -> bool:
 
 def vsweep_leftovers(tmp: Path) -> list[str]:
     """What vllm-sweep's processes left in the temp dir `tmp` (cli_env's TMPDIR) after a run:
-    every `vsweep-*` entry and file in `vsweep-logs/` but the folder itself and the one shared
-    logging config (vllm_server.use_millisecond_log) per user and content."""
-    shared = f"vsweep-logging-{os.getuid()}-"
+    every `vsweep-*` entry and file in `vsweep-logs/` but the folder itself."""
     return sorted(p.name for p in [*tmp.glob("vsweep-*"), *tmp.glob("vsweep-logs/*")]
-                  if p.name != "vsweep-logs" and not p.name.startswith(shared))
+                  if p.name != "vsweep-logs")
 
 
 VLLM_IPC_FILE = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}|vllm_dist_[0-9a-f]{32}")

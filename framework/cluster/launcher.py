@@ -39,6 +39,7 @@ from framework.cluster.server import RayServer
 from framework.cluster.vllm_plugin import ENV_FLAG
 from framework.cluster.zygote_keeper import Zygotes
 from framework.engine.serve_process import uses_ray_executor
+from framework.engine.vllm_server import epoch_log_env
 
 # While a group with pinned stages waits, how often its layout is chosen again from the
 # devices free by then (another trial may have taken the nodes it was pinned to).
@@ -109,9 +110,11 @@ class RayLauncher:
 
     def _env_for(self, wanted: Sequence[Bundle]) -> dict[str, str]:
         """The server actor's environment (inherited by vLLM's workers): the sweep's, the
-        session id, and the cache directory with `~` left for each node's $HOME (Ray expands
-        `${HOME}` in runtime_env env_vars on the node)."""
+        session id, vLLM's epoch-stamped log lines (engine.vllm_server.epoch_log_env), and the
+        cache directory with `~` left for each node's $HOME (Ray expands `${HOME}` in
+        runtime_env env_vars on the node)."""
         env = {k: v for k, v in self.env.items() if k != "VLLM_TARGET_DEVICE"}
+        env.update(epoch_log_env(env))
         # Ray starts worker processes at niceness 15; a server runs at 0, as `vllm serve` does
         # and as Ray runs its own job supervisor (ray/dashboard/modules/job/job_manager.py).
         # vLLM's Ray workers, child actors, inherit this runtime_env.

@@ -1,9 +1,11 @@
 """A server's start-up, phase by phase, read from its own log (pure: text in, seconds out).
 
 `engine.vllm_server.serve` prints a serve mark first (`vllm-sweep serve mark: epoch <s> local
-<time>`, which ties the log's local timestamps to epoch seconds whatever the node's time zone)
-and has vLLM log with millisecond timestamps. Only lines after the last serve mark count (a log
-file may hold several starts). The lines that close each phase, in vLLM 0.32's wording (paths
+<time>`), and vLLM's lines start with their epoch time to the millisecond (`t=<s> `,
+engine.vllm_server.epoch_log_env). A line without it (a user's own logging config) is read by
+vLLM's default time, local and to the second, tied to epoch seconds by the mark's two times
+whatever the node's time zone. Only lines after the last serve mark count (a log file may hold
+several starts). The lines that close each phase, in vLLM 0.32's wording (paths
 under vllm/ of the installed package):
 
 - imports, "Starting to load model <model>..." (v1/worker/cpu_model_runner.py `load_model`,
@@ -37,8 +39,11 @@ from dataclasses import fields
 from typing import Any
 
 SERVE_MARK = "vllm-sweep serve mark:"  # printed by engine.vllm_server.serve
-# vLLM's line head: LEVEL, then `YYYY-MM-DD HH:MM:SS.mmm` (ours) or `MM-DD HH:MM:SS` (vLLM's
-# default format, vllm/logger.py `_DATE_FORMAT`: second resolution, no year), then [file:line].
+# The epoch prefix (engine.vllm_server.EPOCH_PREFIX) before vLLM's `(process pid=N)`.
+_EPOCH = re.compile(r"\bt=(\d+\.\d{3}) (?=\()")
+# vLLM's line head: LEVEL, then `MM-DD HH:MM:SS` (vLLM's default format, vllm/logger.py
+# `_DATE_FORMAT`: second resolution, no year; a year and milliseconds are read if present), then
+# [file:line].
 _LINE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:(\d{4})-)?(\d{2})-(\d{2}) "
                    r"(\d{2}):(\d{2}):(\d{2})(?:\.(\d{3}))? \[[^\]]*\] (.*)$")
 _MARK = re.compile(re.escape(SERVE_MARK) + r" epoch ([\d.]+) local (\d{4})-(\d{2})-(\d{2}) "
@@ -92,8 +97,8 @@ def _epoch(groups: tuple[Any, ...], year: int, offset: float) -> float:  # a mat
 
 
 def _last_start(log: str) -> tuple[float, list[tuple[str, float, str]]] | None:
-    """The last serve mark's epoch and every timestamped line after it as (line, epoch
-    seconds, message); None without a serve mark."""
+    """The last serve mark's epoch and every timestamped line after it as (line from vLLM's
+    `(process pid=N)` on, epoch seconds, message); None without a serve mark."""
     lines = log.splitlines()
     start = next((i for i in range(len(lines) - 1, -1, -1) if SERVE_MARK in lines[i]), None)
     mark = _MARK.search(lines[start]) if start is not None else None
@@ -103,9 +108,12 @@ def _last_start(log: str) -> tuple[float, list[tuple[str, float, str]]] | None:
     offset = epoch - _epoch(mark.groups()[1:], year, 0.0)
     stamped = []
     for line in lines[start + 1:]:
-        if head := _LINE.search(line):
+        prefix = _EPOCH.search(line)
+        rest = line[prefix.end():] if prefix else line
+        if head := _LINE.search(rest):
             *stamp, message = head.groups()
-            stamped.append((line, _epoch(tuple(stamp), year, offset), message))
+            at = float(prefix.group(1)) if prefix else _epoch(tuple(stamp), year, offset)
+            stamped.append((rest, at, message))
     return epoch, stamped
 
 
@@ -138,8 +146,9 @@ _PROCESS = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) ")
 
 def process_starts(log: str) -> dict[str, float]:
     """Epoch seconds of the first line each vLLM process logged in the last start of `log`,
-    by process name (`engine.vllm_server.LOG_FORMAT`'s prefix, numbered names such as
-    VllmWorker-0 without the number), plus "serve_mark"; {} without a serve mark."""
+    by process name (vLLM's `(name pid=N)` line head, vllm/logger.py `_FORMAT`; numbered
+    names such as VllmWorker-0 without the number), plus "serve_mark"; {} without a serve
+    mark."""
     start = _last_start(log)
     if start is None:
         return {}

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import io
-import json
 import os
-import tempfile
 import time
+from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,50 +41,34 @@ def redirect_output(log_path: Path) -> None:
 
 
 # --- start-up timing (framework.engine.startup_log reads what these write) ---
-LOGGING_CONFIG_VAR = "VLLM_LOGGING_CONFIG_PATH"  # vllm/envs.py; read by vllm/logger.py
+PREFIX_VAR = "VLLM_LOGGING_PREFIX"  # vllm/envs.py; vllm/logger.py puts it first in `_FORMAT`
+# The log record's creation time, epoch seconds to the millisecond (a LogRecord attribute, so
+# `%`-formatted by vLLM's own formatter); startup_log.EPOCH_PREFIX parses it.
+EPOCH_PREFIX = "t=%(created).3f "
 LOCAL_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
-# vLLM's own format (vllm/logger.py `_FORMAT`) with the year and milliseconds in the time.
-LOG_FORMAT = ("(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s.%(msecs)03d "
-              "[%(fileinfo)s:%(lineno)d] %(message)s")
 
 
-def logging_config(level: str) -> dict:
-    """vLLM's DEFAULT_LOGGING_CONFIG (vllm/logger.py) with millisecond timestamps, and uvicorn's
-    loggers on the same handler: where vLLM hands this file to uvicorn as its log config
-    (`vllm serve`'s path: configure_logging_from_args, then get_uvicorn_log_config in
-    vllm/entrypoints/launchers/utils/server_utils.py), uvicorn's lines would vanish without
-    them. `serve` calls entry.run_server directly, so uvicorn keeps its own format there."""
-    quiet = {"handlers": ["vllm"], "level": "INFO", "propagate": False}
-    return {
-        "version": 1, "disable_existing_loggers": False,
-        "formatters": {"vllm": {"()": "vllm.logging_utils.NewLineFormatter",
-                                "datefmt": LOCAL_TIME_FORMAT, "format": LOG_FORMAT}},
-        "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
-                              "level": level, "stream": "ext://sys.stdout"}},
-        "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False},
-                    "uvicorn": quiet, "uvicorn.access": quiet},
-    }
+def epoch_log_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that make vLLM stamp each line with its epoch time: PREFIX_VAR =
+    EPOCH_PREFIX + the user's own prefix (kept), or {} when it already starts so.
+
+    An environment variable, not a logging-config file: vLLM copies its variables to its Ray
+    workers on every node (vllm/ray/ray_env.py) and passes a config file's path to them in
+    VllmConfig.logging_config (vllm/v1/executor/ray_executor_v2.py configures logging from it),
+    so a file written on the server's node fails every worker on another node ("File does not
+    exist", vllm/logger.py); and a file in a shared temp dir is one another user can plant.
+    vLLM reads the prefix when vllm.logger is first imported: it must be in the environment of
+    the process that imports vLLM (the server actor's runtime_env, the zygote's), and reaches
+    vLLM's child processes and Ray workers from there. A user's logging config
+    (VLLM_LOGGING_CONFIG_PATH or `--log-config-file`) replaces vLLM's format, prefix included:
+    start-up phases then read vLLM's second-resolution local times (startup_log)."""
+    mine = environ.get(PREFIX_VAR, "")
+    return {} if mine.startswith(EPOCH_PREFIX) else {PREFIX_VAR: EPOCH_PREFIX + mine}
 
 
-def use_millisecond_log(argv: Sequence[str]) -> Path | None:
-    """Point VLLM_LOGGING_CONFIG_PATH at a `logging_config` file (returned) unless the user
-    chose a logging config (that variable, or a `--log-config-file` / `--logging-config*`
-    flag): theirs is kept, and start-up phases read from it may be coarser. The file is named
-    by its content (user, level, hash) and shared by every server that wants it, never removed:
-    a server killed outright would leave a per-server file behind."""
-    if os.environ.get(LOGGING_CONFIG_VAR) or any(
-            a.startswith(("--log-config-file", "--logging-config")) for a in argv):
-        return None
-    text = json.dumps(logging_config(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()),
-                      sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"vsweep-logging-{os.getuid()}-{digest}.json"
-    if not path.exists():
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        part.write_text(text, encoding="utf-8")
-        os.replace(part, path)  # atomic: a concurrent server reads the whole file or none
-    os.environ[LOGGING_CONFIG_VAR] = str(path)
-    return path
+def use_epoch_log() -> None:
+    """Set `epoch_log_env` in this process's environment (before vLLM is imported)."""
+    os.environ.update(epoch_log_env(os.environ))
 
 
 def serve_mark(now: float) -> str:
@@ -123,16 +105,13 @@ def serve(argv: Sequence[str]) -> None:
     resets the engine's prefix cache in-process (framework.engine.control), without vLLM's dev mode.
     Raises TrialError(invalid_args) for rejected arguments or configuration, and
     TrialError(startup_crash) for anything else that ends the server.
-    Prints `serve_mark` first and logs with millisecond timestamps (`use_millisecond_log`),
-    for the start-up phases (framework.engine.startup_log).
+    Prints `serve_mark` first; vLLM's lines carry their epoch time (`epoch_log_env`, set here
+    too for a caller whose environment lacks it), for the start-up phases
+    (framework.engine.startup_log).
     """
     print(serve_mark(time.time()), flush=True)
-    config_file = use_millisecond_log(argv)
-    try:
-        _serve(argv)
-    finally:
-        if config_file is not None:
-            os.environ.pop(LOGGING_CONFIG_VAR, None)
+    use_epoch_log()
+    _serve(argv)
 
 
 def _serve(argv: Sequence[str]) -> None:

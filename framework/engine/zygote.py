@@ -203,7 +203,7 @@ def serve_forever(path: str) -> None:
     from framework.engine import zygote_shim
 
     _claim_process_title()
-    vllm_server.use_millisecond_log([])
+    vllm_server.use_epoch_log()
     preload(PRELOAD)
     preload(worker_modules())
     import multiprocessing

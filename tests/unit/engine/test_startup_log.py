@@ -1,17 +1,20 @@
 """engine.startup_log: the start-up phases read from a server's log.
 
 tests/fixtures/startup_cpu.log is an excerpt of a real log: the tiny Llama on vLLM 0.32's CPU
-engine (enforce-eager), started by engine.vllm_server.serve (serve mark, millisecond
-timestamps), after an older start's lines; the driver let it start at epoch 1795705730.789 and
-saw /health answer at 1795705769.599 (38.81 s later). tests/fixtures/startup_gpu_lines.log
-holds vLLM's GPU-side lines as its source words them (paths in startup_log's docstring), with
-made-up times, read after the serve mark MARK.
+engine (enforce-eager), started by engine.vllm_server.serve (serve mark, and the millisecond
+local timestamps of the logging config it used before the epoch prefix; still read), after an
+older start's lines; the driver let it start at epoch 1795705730.789 and saw /health answer at
+1795705769.599 (38.81 s later). tests/fixtures/startup_gpu_lines.log holds vLLM's GPU-side
+lines as its source words them (paths in startup_log's docstring), with made-up times, read
+after the serve mark MARK.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
@@ -106,39 +109,67 @@ def test_garbage_is_no_phase_and_never_raises():
     assert read_marks("vllm-sweep serve mark: epoch x\n\x00INFO 99-99 [") == StartupMarks()
 
 
-def test_the_serve_mark_and_logging_config_are_what_the_parser_reads(monkeypatch, tmp_path):
-    marks = read_marks(vllm_server.serve_mark(1795705730.851) + "\n")
-    assert marks.serve_mark == pytest.approx(1795705730.851)
-    config = vllm_server.logging_config("INFO")
-    # a line as that format prints it, with the mark's own local time
-    stamp = vllm_server.serve_mark(1795705730.851).split(" local ")[1]
-    line = (config["formatters"]["vllm"]["format"]
-            .replace("%(asctime)s.%(msecs)03d", stamp)
-            % {"vllm_process_name": "Worker", "process": 1, "levelname": "INFO",
-               "fileinfo": "cpu_model_runner.py", "lineno": 68,
-               "message": "Starting to load model m..."})
-    both = read_marks(vllm_server.serve_mark(1795705730.851) + "\n" + line + "\n")
-    assert both.imports_end == pytest.approx(1795705730.851, abs=1e-6)
+# vLLM's own logger (vllm/logger.py) configured as its processes configure it, in a child
+# that imports vLLM with the environment the launcher gives a server (epoch_log_env).
+VLLM_LINES = """
+import time
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging, init_logger
+configure_logging(LoggingConfig())
+print(repr(time.time()), flush=True)
+logger = init_logger("vllm.v1.worker.cpu_model_runner")
+logger.info("Starting to load model %s...", "m")
+logger.info("two\\nlines")
+"""
 
 
-def test_the_logging_config_is_written_unless_the_user_chose_one(monkeypatch, tmp_path):
-    """One file per content, shared by every server (none is left per server started)."""
-    monkeypatch.setattr(vllm_server.tempfile, "tempdir", str(tmp_path))
-    monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR, raising=False)
-    path = vllm_server.use_millisecond_log(["--model", "m"])
-    assert json.loads(path.read_text())["loggers"]["vllm"]["handlers"] == ["vllm"]
-    assert os.environ[vllm_server.LOGGING_CONFIG_VAR] == str(path)
-    monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR)
-    assert vllm_server.use_millisecond_log(["--model", "m"]) == path
-    monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR)
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "debug")
-    debug = vllm_server.use_millisecond_log(["--model", "m"])
-    assert debug != path and json.loads(debug.read_text())["loggers"]["vllm"]["level"] == "DEBUG"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, debug.name])
-    monkeypatch.delenv(vllm_server.LOGGING_CONFIG_VAR)
-    assert vllm_server.use_millisecond_log(["--log-config-file", "mine.json"]) is None
-    monkeypatch.setenv(vllm_server.LOGGING_CONFIG_VAR, "mine.json")
-    assert vllm_server.use_millisecond_log(["--model", "m"]) is None
+def test_vllm_stamps_its_lines_with_the_epoch_prefix_the_parser_reads():
+    """The contract with vLLM: VLLM_LOGGING_PREFIX is `%`-formatted with the log record, so
+    each line (and each line of a multi-line message) starts with its epoch time, read to
+    the millisecond whatever the node's time zone."""
+    env = {**os.environ, **vllm_server.epoch_log_env({}), "TZ": "Pacific/Kiritimati",
+           "VLLM_CONFIGURE_LOGGING": "1"}
+    env.pop("VLLM_LOGGING_CONFIG_PATH", None)
+    out = subprocess.run([sys.executable, "-c", VLLM_LINES], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    before, *lines = [ln for ln in out.splitlines() if ln.strip()]
+    mark = vllm_server.serve_mark(float(before))
+    assert [ln.startswith("t=") for ln in lines] == [True, True, True], out
+    marks = read_marks(mark + "\n" + "\n".join(lines) + "\n")
+    assert float(before) <= marks.imports_end <= float(before) + 60
+    assert marks.imports_end == float(lines[0].split()[0][2:])
+    starts = process_starts(mark + "\n" + "\n".join(lines) + "\n")
+    assert starts == {"serve_mark": pytest.approx(float(before), abs=1e-3),
+                      "MainProcess": marks.imports_end}
+
+
+@pytest.mark.parametrize(("environ", "wanted"), [
+    ({}, {vllm_server.PREFIX_VAR: vllm_server.EPOCH_PREFIX}),
+    ({vllm_server.PREFIX_VAR: "[node-a] "},
+     {vllm_server.PREFIX_VAR: vllm_server.EPOCH_PREFIX + "[node-a] "}),  # the user's kept
+    ({vllm_server.PREFIX_VAR: vllm_server.EPOCH_PREFIX + "x "}, {}),  # already there: once
+])
+def test_epoch_log_env_puts_the_prefix_first_once(environ, wanted):
+    assert vllm_server.epoch_log_env(environ) == wanted
+
+
+def test_no_logging_config_file_is_written_or_pointed_at(monkeypatch, tmp_path):
+    """No file a worker on another node lacks, and none another user could plant (#32, #33)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(vllm_server.PREFIX_VAR, raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    vllm_server.use_epoch_log()
+    vllm_server.use_epoch_log()
+    assert os.environ[vllm_server.PREFIX_VAR] == vllm_server.EPOCH_PREFIX
+    assert "VLLM_LOGGING_CONFIG_PATH" not in os.environ
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_line_without_the_prefix_is_read_by_its_local_time():
+    """A user's own logging config: vLLM's default head, local time to the second."""
+    line = "(Worker pid=1) INFO 01-01 00:16:42 [cpu_model_runner.py:68] Starting to load model m...\n"
+    assert read_marks(MARK + line).imports_end == pytest.approx(1002.0)
+    assert read_marks(MARK + "t=1003.250 " + line).imports_end == pytest.approx(1003.25)
 
 
 def test_the_columns_are_named_after_the_phases_in_order():
