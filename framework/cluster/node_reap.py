@@ -17,9 +17,12 @@ from collections.abc import Mapping
 
 import ray
 
+from framework.engine.process_record import ProcessRecord
+from framework.engine.process_record import still_recorded
 from framework.engine.zygote import group_file
 from framework.engine.zygote import is_zygote_process
 from framework.engine.zygote import served_group
+from framework.engine.zygote import served_record
 
 # How long vLLM may take to shut down on SIGTERM before its processes are killed (`stop_tree`),
 # and a stopped server's resource tracker to clean up after its clients (`reap`).
@@ -133,11 +136,13 @@ def shutdown_targets(actor_pid: int, parents: Mapping[int, int | None], group: i
     return [pid for pid, parent in parents.items() if parent == actor_pid]
 
 
-def shut_down(pid: int, tree: list[int], group: int | None, grace_s: float) -> None:
+def shut_down(pid: int, tree: list[int], leader: ProcessRecord | None, grace_s: float) -> None:
     """vLLM's own shutdown, as `vllm serve` gets it from Ctrl-C: SIGTERM to
     `shutdown_targets`, then wait up to grace_s for them and the rest of `tree` to exit. vLLM
     stops its processes in order and each unlinks the shared memory it created. The actor
-    itself (Ray's worker) and resource trackers (`reap`) are left alone."""
+    itself (Ray's worker) and resource trackers (`reap`) are left alone. `leader`: the served
+    group's recorded leader (`served_record`); signalled only while its pid still names it
+    (`still_recorded`: a stale record's pid may be another user's process by now)."""
     import psutil
 
     procs = []
@@ -148,25 +153,20 @@ def shut_down(pid: int, tree: list[int], group: int | None, grace_s: float) -> N
                 procs.append(proc)
         except psutil.NoSuchProcess:
             pass
-    if group is not None and _group_leader(group) is None:
-        group = None  # the zygote's fork has ended already
+    # None too when the zygote's fork has ended already, or its pid was given to another
+    group = leader.pid if leader is not None and still_recorded(leader) else None
     tops = []
     for target in shutdown_targets(pid, {p.pid: _parent(p) for p in procs}, group):
         try:
             proc = psutil.Process(target)
+            # checked again once psutil holds it: from here send_signal refuses a reused pid
+            if leader is not None and target == group and not still_recorded(leader):
+                continue
             proc.send_signal(signal.SIGTERM)
             tops.append(proc)
         except psutil.NoSuchProcess:
             pass
     _wait_gone([*procs, *tops], grace_s)
-
-
-def _group_leader(group: int) -> int | None:
-    """`group` if a live process leads that process group, else None."""
-    try:
-        return group if os.getpgid(group) == group else None
-    except ProcessLookupError:
-        return None
 
 
 def _parent(proc) -> int | None:  # noqa: ANN001 - a psutil.Process
@@ -184,9 +184,9 @@ def stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float) -> list[in
     killed through Ray (so Ray records an intended death; its raylet SIGKILLs the worker's
     children as it goes, which would leave vLLM's shared memory in /dev/shm), then what is
     left `reap`ed; returns pids still alive."""
-    group = served_group(pid)
+    leader = served_record(pid)
     tree = process_tree(pid)
-    shut_down(pid, tree, group, SHUTDOWN_GRACE_S)
+    shut_down(pid, tree, leader, SHUTDOWN_GRACE_S)
     ray.kill(actor, no_restart=True)
     return reap(tree, grace_s)
 

@@ -49,6 +49,9 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from framework.engine.process_record import ProcessRecord
+from framework.engine.process_record import read_record
+from framework.engine.process_record import state
 from framework.engine.zygote_shim import SHIM_NAME
 from framework.engine.zygote_shim import SOCKET_VAR
 from framework.engine.zygote_shim import read_replies
@@ -284,12 +287,30 @@ def is_zygote_process(cmdline: Sequence[str]) -> bool:
             or any(arg.endswith(SHIM_NAME) for arg in cmdline))
 
 
-def served_group(actor_pid: int) -> int | None:
-    """The process group of the server `actor_pid` had the zygote fork, if any."""
+def record_served(actor_pid: int, leader: int) -> None:
+    """Record in `group_file` the API server `leader` (its group's leader) as it runs now: pid,
+    start time and command line (engine.process_record); nothing if it is gone already."""
+    found = read_record(leader)
+    if found is not None:
+        group_file(actor_pid).write_text(found.to_json(), encoding="utf-8")
+
+
+def served_record(actor_pid: int) -> ProcessRecord | None:
+    """The recorded leader of the server `actor_pid` had the zygote fork, if any (a file in
+    another format, e.g. a bare pid, is no record: it cannot be verified)."""
     try:
-        return int(group_file(actor_pid).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return ProcessRecord.from_json(group_file(actor_pid).read_text(encoding="utf-8"))
+    except OSError:
         return None
+
+
+def served_group(actor_pid: int) -> int | None:
+    """The process group of the server `actor_pid` had the zygote fork, if any; None when its
+    leader's pid now names another process (a stale file: that group is someone else's)."""
+    record = served_record(actor_pid)
+    if record is None or state(record, read_record(record.pid)) == "other":
+        return None
+    return record.pid
 
 
 def serve_in_zygote(path: str, argv: Sequence[str]) -> None:
@@ -311,7 +332,7 @@ def serve_in_zygote(path: str, argv: Sequence[str]) -> None:
                                 **traits()},
                          [0, 1, 2, life_r])
             os.close(life_r)
-            return read_replies(sock, lambda pid: record.write_text(str(pid), encoding="utf-8"))
+            return read_replies(sock, lambda pid: record_served(os.getpid(), pid))
         finally:
             sock.close()
             os.close(life_w)

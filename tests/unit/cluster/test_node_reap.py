@@ -1,16 +1,27 @@
 """Whom a server's stop asks to shut down (cluster.node_reap.shutdown_targets): vLLM's top
-process below the server actor, never every process alike; and where the server's vLLM IPC
-sockets go (cluster.actors.rpc_base), so that the stop can remove them."""
+process below the server actor, never every process alike, and never a process a stale group
+file names (issue #33 item 3); and where the server's vLLM IPC sockets go
+(cluster.actors.rpc_base), so that the stop can remove them."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from framework.cluster.actors import RPC_BASE_VAR
 from framework.cluster.actors import rpc_base
+from framework.cluster.node_reap import shut_down
 from framework.cluster.node_reap import shutdown_targets
+from framework.engine.process_record import ProcessRecord
+from framework.engine.process_record import read_record
+from framework.engine.zygote import group_file
+from framework.engine.zygote import served_group
+from framework.engine.zygote import served_record
 
 ACTOR = 100
 
@@ -41,3 +52,38 @@ def test_vllm_ipc_sockets_go_in_the_servers_folder_unless_the_ray_executor_runs(
         argv, environ, expected) -> None:
     base = rpc_base(argv, environ, 7)
     assert (base if base is None else Path(base).name) == expected
+
+
+# A sleeper in a session (and process group) of its own, as `setsid sleep` is, that says when
+# it runs: read right after a fork and exec, /proc/<pid>/cmdline can still be empty.
+SLEEPER = "import sys; print('asleep', flush=True); sys.stdin.read()"
+
+
+@pytest.mark.parametrize(("ticks_shift", "cmdline", "ours"), [
+    (0, None, True),                                   # the recorded process: shut down
+    (-1, None, False),                                 # its pid was reused: left alone
+    (0, ("python3", "-m", "framework.engine.zygote"), False),
+])
+def test_a_stale_group_file_signals_no_other_process_group(ticks_shift, cmdline, ours) -> None:
+    """A real unrelated process group (a `setsid` sleeper, as in the issue) whose leader's pid
+    a group file records: the stop sends SIGTERM only when start time and command line match
+    the record. The sleeper's exit status says whether it got SIGTERM before our SIGKILL (the
+    kernel keeps the first fatal signal as the exit status)."""
+    actor = os.getpid()  # stands in for the server actor that wrote the file
+    sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    record = group_file(actor)
+    try:
+        assert sleeper.stdout.readline() == b"asleep\n"
+        now = read_record(sleeper.pid)
+        assert now is not None and os.getpgid(sleeper.pid) == sleeper.pid
+        recorded = ProcessRecord(now.pid, now.start_ticks + ticks_shift, cmdline or now.cmdline)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(recorded.to_json(), encoding="utf-8")
+        assert served_group(actor) == (sleeper.pid if ours else None)
+        shut_down(actor, [], served_record(actor), grace_s=0)
+    finally:
+        record.unlink(missing_ok=True)
+        sleeper.kill()
+        sleeper.communicate()
+    assert sleeper.returncode == -(signal.SIGTERM if ours else signal.SIGKILL)
