@@ -214,9 +214,18 @@ class RayLauncher:
             self._zygotes.close()
 
     def stop_all(self) -> None:
-        """Stop every server still running and every wait for placement (driver interrupted)."""
+        """Stop every server still running and every wait for placement (driver interrupted).
+        Every server's stop is tried, whatever an earlier one raised; then the first error is
+        raised, naming how many stops failed in all."""
         self._cancelled.set()
         with self._lock:
             servers = list(self._active.values())
+        errors: list[Exception] = []
         for server in servers:
-            server.stop()
+            try:
+                server.stop()
+            except Exception as exc:  # noqa: BLE001 - the others are stopped first
+                errors.append(exc)
+        if errors:
+            errors[0].add_note(f"{len(errors)} of {len(servers)} server stops failed")
+            raise errors[0]

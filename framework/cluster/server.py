@@ -189,10 +189,19 @@ class RayServer:
         """End every process of the server on every node (`_stop_tree` on the actor's node,
         then `_await_exit` for the group's other actors on theirs), fetch the log, then
         remove the group: its devices are handed on only once every process that used them
-        is gone. Returns pids that survived (should be [])."""
+        is gone. Returns pids that survived (should be []). Whatever fails on the way (a log
+        append's OSError, Ray), the group is removed and the launcher told (`_on_stop`)
+        before the error propagates: a group left behind would keep its devices for the rest
+        of the sweep. A second call does nothing."""
         if self._stopped:
             return []
         self._stopped = True
+        try:
+            return self._end_processes()
+        finally:
+            self._release()
+
+    def _end_processes(self) -> list[int]:
         # GCS may list an actor DEAD (its owner died) before its process has exited: the
         # group's processes are listed now, while they live, and each is waited for below
         members = group_processes(self.group)
@@ -210,10 +219,16 @@ class RayServer:
                     self.rpc_dir)
         except Exception:  # noqa: BLE001 - the node died: its temp dir goes with it
             pass
-        self.released_at = time.time()
-        remove_placement_group(self.group)
-        self._on_stop(self)
         return left
+
+    def _release(self) -> None:
+        """Remove the group (Ray kills what still runs in it), then tell the launcher, even if
+        the removal raised."""
+        self.released_at = time.time()
+        try:
+            remove_placement_group(self.group)
+        finally:
+            self._on_stop(self)
 
     def _reap_group(self, members: list[GroupProcess]) -> list[int]:
         """Wait until each process of `members` (the group's actors before the stop) has exited

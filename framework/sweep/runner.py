@@ -306,7 +306,10 @@ class Runner:
         """The loop was interrupted: stop every server and wait, then record the trials in
         flight as FAIL(interrupted) (queued again if the sweep says so)."""
         self._gate.cancel()
-        self.launcher.stop_all()
+        try:
+            self.launcher.stop_all()  # every server's stop tried; the first failure raised
+        except Exception as exc:  # noqa: BLE001 - reported; the trials in flight still recorded
+            self.console.print(f"stopping the servers: {type(exc).__name__}: {exc}")
         self._pool.join()
         for fut, running in loop.running.items():
             try:

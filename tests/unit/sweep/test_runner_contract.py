@@ -331,15 +331,28 @@ def test_the_baseline_brackets_the_search_and_the_winner_is_confirmed_on_a_fresh
 
 
 @pytest.mark.timeout(120)
-def test_an_interrupt_stops_every_server_and_records_the_trials_in_flight(tmp_path):
+class StopFailsLauncher(FakeLauncher):
+    """FakeLauncher whose stop_all, once every server is stopped, raises as RayLauncher's
+    does when a stop failed (e.g. a log append's OSError)."""
+
+    def stop_all(self) -> None:
+        super().stop_all()
+        raise OSError("No space left on device: trial-00001.log")
+
+
+@pytest.mark.parametrize("launcher_class", [FakeLauncher, StopFailsLauncher])
+def test_an_interrupt_stops_every_server_and_records_the_trials_in_flight(tmp_path,
+                                                                          launcher_class):
     """Ctrl-C at the first ask after a server started (the launcher reports a trial placed
-    once its server runs, so at the latest at the fourth ask: ask_another keeps 3 waiting)."""
+    once its server runs, so at the latest at the fourth ask: ask_another keeps 3 waiting).
+    A failed stop is reported and the trials in flight are still recorded (#33 item 9)."""
     space = {"tensor-parallel-size": {"type": "categorical", "choices": [1, 2]},
              "max-num-seqs": {"type": "categorical", "choices": [4, 8]},
              "max-num-batched-tokens": {"type": "categorical", "choices": [256, 512]}}
-    launcher = FakeLauncher(gpus=2)
+    launcher = launcher_class(gpus=2)
+    out = io.StringIO()
     runner = Runner(load(_sweep(tmp_path, "stopped", space, False, 8)), launcher,
-                    Console(file=io.StringIO(), width=200))
+                    Console(file=out, width=200))
     counted = Counted(runner.tuner, interrupt=lambda: bool(launcher.servers))
     with pytest.raises(KeyboardInterrupt):
         runner.run(8)
@@ -348,6 +361,8 @@ def test_an_interrupt_stops_every_server_and_records_the_trials_in_flight(tmp_pa
         assert row["state"] == "COMPLETE" or row["fail_reason"] == "interrupted", dict(row)
     assert launcher.servers and all(s.stops >= 1 and not s.is_alive() for s in launcher.servers)
     assert launcher.held == 0
+    failed = "stopping the servers: OSError: No space left on device" in out.getvalue()
+    assert failed is (launcher_class is StopFailsLauncher)
 
 
 def test_a_trial_a_dead_driver_left_running_is_recorded_as_interrupted(tmp_path):
