@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             host = "127.0.0.1" if session.is_local else "node"
         key = sweep_mod.api_key(spec)
         launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine,
-                               secret_env={"VLLM_API_KEY": key} if key else None,
+                               secret_env=sweep_mod.server_secrets(spec, key) or None,
                                read_ahead=sweep_mod.read_ahead_dir(spec),
                                fork_start=(spec.engine == "gpu" and
                                            "fork_start" in spec.server.startup_levers),
@@ -284,7 +284,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             key = sweep_mod.api_key(spec)
             launcher = RayLauncher(env=sweep_mod.server_env(spec, session.is_local), host=host,
                                    engine=spec.engine, placement_timeout_s=300.0,
-                                   secret_env={"VLLM_API_KEY": key} if key else None)
+                                   secret_env=sweep_mod.server_secrets(spec, key) or None)
             checks = doctor.run(sw, session.is_local, host, launcher, probe_all_nodes, say)
     finally:
         os.environ.pop(SESSION_VAR, None)

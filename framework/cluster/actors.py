@@ -23,6 +23,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import ray
@@ -78,6 +79,20 @@ def rpc_base(argv: list[str], environ: Mapping[str, str], pid: int) -> str | Non
     return rpc_dir(pid)
 
 
+# Never inherited by a server (a private Ray's workers inherit the driver's environment): the API
+# key comes from `secret_env` or not at all, and vLLM's dev mode opens routes (/collective_rpc,
+# /sleep, ...) that skip the API-key check (docs/RELIABILITY.md; config.specs refuses it in
+# server.env). The server's processes (fork_start's child, the zygote's forks) take this
+# process's environment.
+DROPPED_ENV = ("VLLM_API_KEY", "VLLM_SERVER_DEV_MODE")
+
+
+def drop_inherited(environ: MutableMapping[str, str]) -> None:
+    """Remove DROPPED_ENV from `environ` (os.environ of a server actor or of the zygote)."""
+    for name in DROPPED_ENV:
+        environ.pop(name, None)
+
+
 def use_cache_dir() -> None:
     """Point vLLM's and Hugging Face's caches at this node's cache directory (made if absent)."""
     base = os.environ.get(CACHE_DIR_VAR)
@@ -116,7 +131,7 @@ class ServerActor:
         `zygote`: the node's warm zygote (the `warm_start` lever, framework.engine.zygote) forks
         the server's processes; same exception."""
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-        os.environ.pop("VLLM_API_KEY", None)  # a private Ray's workers inherit the driver's env
+        drop_inherited(os.environ)
         os.environ.update(secret_env or {})
         os.environ[SOCKET_VAR] = socket_path(os.getpid())
         base = rpc_base(argv, os.environ, os.getpid())

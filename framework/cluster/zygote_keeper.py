@@ -26,6 +26,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from framework.base.errors import TrialError
+from framework.cluster.actors import drop_inherited
 from framework.cluster.actors import use_cache_dir
 from framework.engine.serve_process import PARENT_VAR
 from framework.engine.zygote import FOLDER_PREFIX
@@ -60,9 +61,11 @@ class ZygoteKeeper:
         (folder / KEEPER_FILE).write_text(str(os.getpid()), encoding="utf-8")
         path = str(folder / "zygote.sock")
         log = open(folder / "zygote.log", "ab")  # noqa: SIM115 - the child holds it
+        env = {**os.environ, PARENT_VAR: str(os.getpid())}
+        drop_inherited(env)  # each fork takes its server actor's environment; vLLM is imported here
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "framework.engine.zygote", path], stdout=log, stderr=log,
-            env={**os.environ, PARENT_VAR: str(os.getpid())})
+            env=env)
         deadline = time.monotonic() + WARM_TIMEOUT_S
         while not os.path.exists(path):
             if self._proc.poll() is not None or time.monotonic() > deadline:

@@ -32,6 +32,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
+from typing import Any
 from typing import Literal
 from typing import TypeVar
 
@@ -41,6 +42,8 @@ from pydantic import Field
 from pydantic import model_validator
 
 from framework.base.vocabulary import Scalar
+from framework.config import secret_names
+from framework.config.yaml_io import SecretInSweep
 from framework.config.yaml_io import load_validated
 
 _V = TypeVar("_V")  # what server_params filters: parameters, or their values
@@ -155,6 +158,20 @@ class SearchSpace(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     description: str = ""
     parameters: dict[str, Param]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        """A parameter named like a credential (config.secret_names) is SecretInSweep, checked
+        before any other rule so that no error shows its values."""
+        params = data.get("parameters") if isinstance(data, dict) else None
+        for name in map(str, params if isinstance(params, dict) else ()):
+            if secret_names.is_api_key(name):
+                raise SecretInSweep(f"parameters.{name}", "an API key is not a parameter; name "
+                                    "its variable in server.api_key_env")
+            if secret_names.looks_secret(name):
+                raise SecretInSweep(f"parameters.{name}", secret_names.safe_way(name, flag=True))
+        return data
 
     @model_validator(mode="after")
     def _named(self) -> SearchSpace:

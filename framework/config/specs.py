@@ -28,6 +28,7 @@ from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
 from framework.base.vocabulary import split_class_key
+from framework.config import secret_names
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
 from framework.config.search_spec import SearchSpec
@@ -39,8 +40,12 @@ from framework.config.workload_spec import NamedWorkloadSpec as NamedWorkloadSpe
 from framework.config.workload_spec import WorkloadSpec as WorkloadSpec  # re-exported
 from framework.config.workloads_spec import first_workload
 from framework.config.workloads_spec import workloads_problem
+from framework.config.yaml_io import EntryError
 from framework.config.yaml_io import SecretInSweep
 from framework.config.yaml_io import load_validated
+
+DEV_MODE_REFUSED = ("servers never run in vLLM's dev mode: its routes (/collective_rpc, /sleep, "
+                    "...) skip the API-key check (docs/RELIABILITY.md); remove it")
 
 GPU_LEVERS: tuple[StartupLever, ...] = ("compile_cache", "page_cache", "load_format")
 CPU_LEVERS: tuple[StartupLever, ...] = ("warm_start",)
@@ -51,7 +56,12 @@ class ServerSpec(_Spec):
     `api_key_env`: the name of an environment variable of the driver holding an API key;
     servers require it (vLLM's VLLM_API_KEY) and the load generator sends it. The key is
     never written to results, logs or reports; an `api-key` flag in `args` or VLLM_API_KEY
-    in `env` is rejected (it would be). `dummy_weights`: servers start with
+    in `env` is rejected (it would be).
+    `secret_env`: names of further environment variables of the driver (HF_TOKEN, ...) handed
+    to every server as the API key is (a call argument of the server actor, not its
+    runtime_env), never recorded. A flag or `env` name that looks like a credential
+    (config.secret_names) is rejected with that advice, its value never shown; so is
+    VLLM_SERVER_DEV_MODE in `env` (its routes skip the API-key check). `dummy_weights`: servers start with
     `--load-format dummy` (random weights: no weight loading, same speed as the real ones,
     meaningless text; vLLM's auto_tune does the same), recorded per trial; `serve_command`
     and `best` leave the flag out.
@@ -77,6 +87,7 @@ class ServerSpec(_Spec):
     host: str = "auto"
     startup_timeout_s: float = Field(default=300.0, gt=0)
     api_key_env: str | None = None
+    secret_env: tuple[str, ...] = ()
     dummy_weights: bool = False
     reuse: bool = True
     startup_levers: tuple[StartupLever, ...] = GPU_LEVERS
@@ -91,15 +102,46 @@ class ServerSpec(_Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_api_key(cls, data: Any) -> Any:
-        """The flag `api-key` (`--api-key`, `api_key`) in args, or VLLM_API_KEY in env, is
-        SecretInSweep, checked before any other rule so that no error shows its value."""
-        for field, secret in (("args", "api-key"), ("env", "vllm-api-key")):
+    def _no_secrets(cls, data: Any) -> Any:
+        """A name in args or env that looks like a credential (`api-key`, VLLM_API_KEY, `hf-token`,
+        AWS_SECRET_ACCESS_KEY, ...: config.secret_names) is SecretInSweep, checked before any
+        other rule so that no error shows its value; VLLM_SERVER_DEV_MODE in env is refused."""
+        for field in ("args", "env"):
             entries = data.get(field) if isinstance(data, dict) else None
-            for name in entries if isinstance(entries, dict) else ():
-                if str(name).lstrip("-").replace("_", "-").lower() == secret:
+            if not isinstance(entries, dict):
+                continue
+            for entry in entries:
+                name = str(entry)
+                if secret_names.is_api_key(name):
                     raise SecretInSweep(f"{field}.{name}")
+                if secret_names.looks_secret(name):
+                    raise SecretInSweep(f"{field}.{name}",
+                                        secret_names.safe_way(name, flag=field == "args"))
+                if field == "env" and name.upper() == secret_names.DEV_MODE:
+                    raise EntryError(f"env.{name}", entries[entry], DEV_MODE_REFUSED)
         return data
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r}: name an environment variable of the driver (letters, "
+                                 "digits, '_'); its value never goes in the sweep file")
+            if secret_names.is_api_key(name):
+                raise ValueError(f"{name}: vLLM's API key is named in server.api_key_env")
+            if name.upper() == secret_names.DEV_MODE:
+                raise ValueError(f"{name}: {DEV_MODE_REFUSED}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"repeats a name: {list(names)}")
+        return names
+
+    @model_validator(mode="after")
+    def _secret_env_not_in_env(self) -> ServerSpec:
+        if both := sorted(set(self.secret_env) & set(self.env)):
+            raise SecretInSweep(f"env.{both[0]}", f"{both[0]} is also in secret_env: keep it "
+                                "there alone (env is recorded, secret_env is not)")
+        return self
 
     @field_validator("args")
     @classmethod

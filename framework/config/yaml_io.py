@@ -17,16 +17,18 @@ from framework.base.errors import ConfigError
 HIDDEN = "<hidden>"  # shown in place of a secret's value
 
 
-class SecretInSweep(ValueError):
-    """An API key written in a sweep file at `name` (under its section); its value is never
-    shown."""
+API_KEY_WAY = ("an API key does not belong in the sweep file: it would be recorded with the "
+               "servers' flags and environment (trial rows, report, Ray's tables); put it in an "
+               "environment variable of the driver and name that variable in server.api_key_env")
 
-    def __init__(self, name: str) -> None:
+
+class SecretInSweep(ValueError):
+    """A credential written in a sweep file at `name` (under its section); its value is never
+    shown. `reason`: the safe way (default: the API key's, server.api_key_env)."""
+
+    def __init__(self, name: str, reason: str = API_KEY_WAY) -> None:
         self.name = name
-        super().__init__("an API key does not belong in the sweep file: it would be recorded "
-                         "with the servers' flags and environment (trial rows, report, Ray's "
-                         "tables); put it in an environment variable of the driver and name "
-                         "that variable in server.api_key_env")
+        super().__init__(reason)
 
 
 def first_error(exc: ValidationError) -> tuple[str, Any, str]:
@@ -37,7 +39,7 @@ def first_error(exc: ValidationError) -> tuple[str, Any, str]:
     msg = err["msg"].removeprefix("Value error, ")
     cause = err.get("ctx", {}).get("error")
     if isinstance(cause, SecretInSweep):
-        return f"{key}.{cause.name}", HIDDEN, msg
+        return ".".join(str(p) for p in (*err["loc"], cause.name)), HIDDEN, msg
     if isinstance(cause, EntryError):
         return ".".join(str(p) for p in (*err["loc"], cause.key)), cause.value, msg
     return key, err.get("input"), msg

@@ -87,14 +87,14 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         if name in ("model", "host", "port"):
             raise ConfigError(str(spec.search_space), f"parameters.{name}", name,
                               "set by vllm-sweep, cannot be searched")
-        if name.lstrip("-").replace("_", "-").lower() == "api-key":
-            raise ConfigError(str(spec.search_space), f"parameters.{name}", "<hidden>",
-                              "an API key is not a parameter; name its variable in "
-                              "server.api_key_env")
     key_env = spec.server.api_key_env
     if check_flags and key_env is not None and not os.environ.get(key_env):
         raise ConfigError(str(path), "server.api_key_env", key_env,
                           f"environment variable {key_env} is not set (it holds the servers' API key)")
+    for name in spec.server.secret_env if check_flags else ():
+        if not os.environ.get(name):
+            raise ConfigError(str(path), "server.secret_env", name,
+                              f"environment variable {name} is not set (servers get its value)")
     if spec.capacity is not None and "request-rate" in space.run_params:
         raise ConfigError(str(spec.search_space), "parameters.request-rate", "kind: run",
                           "capacity mode searches the request rate itself; drop this parameter")
@@ -228,3 +228,10 @@ def api_key(spec: SweepSpec) -> str | None:
     """The servers' API key, read from the driver's environment (never from a file)."""
     name = spec.server.api_key_env
     return os.environ.get(name) or None if name else None
+
+
+def server_secrets(spec: SweepSpec, key: str | None) -> dict[str, str]:
+    """What each server actor gets as its `secret_env` call argument (never its runtime_env):
+    the run's API key as VLLM_API_KEY and the driver's server.secret_env variables."""
+    found = {name: os.environ[name] for name in spec.server.secret_env if os.environ.get(name)}
+    return {**found, **({"VLLM_API_KEY": key} if key else {})}

@@ -298,8 +298,8 @@ def test_an_api_key_in_the_sweep_file_is_rejected_without_showing_it(tmp_path, s
     assert (info.value.key, info.value.value) == (key, "<hidden>")
 
 
-@pytest.mark.parametrize("server", ["{args: {api-key-file: k.txt}}", "{env: {MY_API_KEY: x}}",
-                                    "{api_key_env: VLLM_KEY}"])
+@pytest.mark.parametrize("server", ["{args: {api-key-file: k.txt}}", "{env: {API_KEY_PATH: x}}",
+                                    "{api_key_env: VLLM_KEY}"])  # MY_API_KEY: test_secret_names
 def test_names_near_an_api_key_are_not_rejected(tmp_path, server):
     path = tmp_path / "s.yaml"
     path.write_text(BASE + f"server: {server}\n")
