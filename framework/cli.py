@@ -36,6 +36,27 @@ def _sigterm_as_interrupt(*_: object) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
+NO_API_KEY_HELP = ("start servers that listen beyond loopback (a joined cluster, `host: node`) "
+                   "without the random per-run API key they get by default (anyone who can "
+                   "reach a node could then send them requests and skew the measurements)")
+
+
+def _run_key(sw: Any, local: bool, host: str, no_api_key: bool,
+             warn: Any) -> tuple[Any, dict[str, str]]:
+    """The sweep with the run's API key (loader.run_api_key) and the servers' secret_env; with
+    `--no-api-key` where it leaves servers open, one warning line through `warn`. The key is
+    never printed."""
+    import dataclasses
+
+    from framework.sweep import loader as sweep_mod
+
+    key = sweep_mod.run_api_key(sw.spec, local, host, no_api_key)
+    if key is None and no_api_key and (not local or sweep_mod.beyond_loopback(host)):
+        warn(f"warning: --no-api-key: servers listen on {host} without an API key; anyone who "
+             "can reach a node can send them requests and skew the measurements")
+    return dataclasses.replace(sw, api_key=key), sweep_mod.server_secrets(sw.spec, key)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -66,9 +87,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         host = spec.server.host
         if host == "auto":
             host = "127.0.0.1" if session.is_local else "node"
-        key = sweep_mod.api_key(spec)
+        sw, secret_env = _run_key(sw, session.is_local, host, args.no_api_key,
+                                  lambda line: console.print(line, style="yellow",
+                                                             highlight=False, soft_wrap=True))
         launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine,
-                               secret_env=sweep_mod.server_secrets(spec, key) or None,
+                               secret_env=secret_env or None,
                                read_ahead=sweep_mod.read_ahead_dir(spec),
                                fork_start=(spec.engine == "gpu" and
                                            "fork_start" in spec.server.startup_levers),
@@ -281,10 +304,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             host = spec.server.host
             if host == "auto":
                 host = "127.0.0.1" if session.is_local else "node"
-            key = sweep_mod.api_key(spec)
+            sw, secret_env = _run_key(sw, session.is_local, host, args.no_api_key, say)
             launcher = RayLauncher(env=sweep_mod.server_env(spec, session.is_local), host=host,
                                    engine=spec.engine, placement_timeout_s=300.0,
-                                   secret_env=sweep_mod.server_secrets(spec, key) or None)
+                                   secret_env=secret_env or None)
             checks = doctor.run(sw, session.is_local, host, launcher, probe_all_nodes, say)
     finally:
         os.environ.pop(SESSION_VAR, None)
@@ -321,6 +344,7 @@ def parser() -> argparse.ArgumentParser:
                      help="write the decision as JSON to FILE at the end: verdict, best "
                      "configuration (flags, serve command), gain interval, fleet and cost "
                      "(docs/RESULTS.md); exit 4 when no configuration meets the SLA")
+    run.add_argument("--no-api-key", action="store_true", help=NO_API_KEY_HELP)
     run.set_defaults(fn=cmd_run)
     from framework.sweep import job_cli
     from framework.sweep import setup_cli
@@ -375,6 +399,7 @@ def parser() -> argparse.ArgumentParser:
     dr.add_argument("--address", default=None, metavar="ADDR",
                     help="join this Ray cluster (default: the sweep's cluster.address, else "
                     "RAY_ADDRESS, else a private local Ray)")
+    dr.add_argument("--no-api-key", action="store_true", help=NO_API_KEY_HELP)
     dr.set_defaults(fn=cmd_doctor)
     setup_cli.add_parsers(sub)
     # issue #20: export / compare (arguments and work in framework/sweep/deploy_cli.py)

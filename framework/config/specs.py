@@ -56,7 +56,8 @@ class ServerSpec(_Spec):
     `api_key_env`: the name of an environment variable of the driver holding an API key;
     servers require it (vLLM's VLLM_API_KEY) and the load generator sends it. The key is
     never written to results, logs or reports; an `api-key` flag in `args` or VLLM_API_KEY
-    in `env` is rejected (it would be).
+    in `env` is rejected (it would be). Without it, servers that listen beyond loopback (a
+    joined cluster, `host: node`) get a random key per run (`--no-api-key` opts out).
     `secret_env`: names of further environment variables of the driver (HF_TOKEN, ...) handed
     to every server as the API key is (a call argument of the server actor, not its
     runtime_env), never recorded. A flag or `env` name that looks like a credential

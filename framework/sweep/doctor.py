@@ -267,7 +267,8 @@ def run(sw: Sweep, local: bool, host: str, launcher: ServerLauncher,
     alive node (node_probe.probe_all_nodes); the servers start only if the other checks
     passed, since a known problem would only make them fail less clearly."""
     spec = sw.spec
-    plan = doctor_plan(load_plan(spec))  # a bad workload is bad input (exit 2) before anything
+    # a bad workload is bad input (exit 2) before anything
+    plan = doctor_plan(load_plan(spec, sw.api_key))
     rows = [Check(DRIVER, "results dir", FAIL if (err := writable(spec.results_dir)) else OK,
                   f"{spec.results_dir.resolve()}{': ' + err if err else ' writable'}")]
     cache = cache_dir(spec, local)

@@ -25,7 +25,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     cwd = Path.cwd()
     place = results_place(sw.spec.results_dir, sw.spec.name, cwd)
     entrypoint = shlex.join(["vllm-sweep", "run", args.sweep]
-                            + (["--add-trials", str(args.add_trials)] if args.add_trials else []))
+                            + (["--add-trials", str(args.add_trials)] if args.add_trials else [])
+                            + (["--no-api-key"] if args.no_api_key else []))
     job_id = submit(args.address, entrypoint, in_place_working_dir(cwd), args.submission_id)
     print(f"job {job_id}: `{entrypoint}` in {cwd} on the cluster's nodes; results: {place}",
           flush=True)
@@ -56,6 +57,9 @@ def add_submit_parser(sub: Any, sweep_help: str) -> None:
     sm.add_argument("--submission-id", default=None, metavar="ID", help="the job's id")
     sm.add_argument("--add-trials", type=int, default=0, metavar="N",
                     help="as for `run`: N trials beyond those the study already holds")
+    sm.add_argument("--no-api-key", action="store_true",
+                    help="as for `run`: servers without the random per-run API key a joined "
+                    "cluster's servers get by default (one warning line)")
     sm.add_argument("--no-wait", action="store_true",
                     help="return once submitted (follow with `ray job logs -f ID`)")
     sm.set_defaults(fn=cmd_submit)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import ipaddress
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
@@ -45,7 +47,9 @@ class Sweep:
     """A validated sweep: its spec, its search space, where the sweep file was, the
     model's architecture facts (None for the fake engine without a `gpu`), the load its
     deployment must carry (`target:`; its rate computed once, from a trace if so) and the
-    prices of `pricing.file`."""
+    prices of `pricing.file`. `api_key`: the key servers require and every request of ours
+    sends (`api_key(spec)` as loaded; `run` and `doctor` put the run's key here, run_api_key),
+    never shown."""
 
     path: Path
     spec: SweepSpec
@@ -53,6 +57,7 @@ class Sweep:
     facts: ModelFacts | None = None
     target: Target | None = None
     file_prices: Mapping[str, float] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def store(self) -> ResultStore:
@@ -120,7 +125,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     prices = file_prices(path, spec)
     check_prices(path, spec, prices)
     return Sweep(path=path, spec=spec, space=space, facts=facts, target=target_of(path, spec),
-                 file_prices=prices)
+                 file_prices=prices, api_key=api_key(spec))
 
 
 def check_tokenizer(sw: Sweep) -> None:
@@ -228,6 +233,31 @@ def api_key(spec: SweepSpec) -> str | None:
     """The servers' API key, read from the driver's environment (never from a file)."""
     name = spec.server.api_key_env
     return os.environ.get(name) or None if name else None
+
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def beyond_loopback(host: str) -> bool:
+    """Whether servers bound to `host` (a resolved server.host: `node` or an address) can be
+    reached from other machines."""
+    if host in LOOPBACK_NAMES:
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # `node`, or a host name: taken as reachable
+        return True
+
+
+def run_api_key(spec: SweepSpec, local: bool, host: str, no_api_key: bool) -> str | None:
+    """The API key of one run's servers: server.api_key_env's, else, when the servers can be
+    reached from other machines (a joined cluster, or `host` beyond loopback), a random key of
+    this run alone (`--no-api-key`: none), else none."""
+    if (given := api_key(spec)) is not None:
+        return given
+    if no_api_key or (local and not beyond_loopback(host)):
+        return None
+    return secrets.token_urlsafe(32)
 
 
 def server_secrets(spec: SweepSpec, key: str | None) -> dict[str, str]:

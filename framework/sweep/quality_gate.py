@@ -41,7 +41,6 @@ from framework.results.probe_rows import probe_rows
 from framework.results.probe_rows import stored_reference
 from framework.search.tuner import Proposal
 from framework.sweep.loader import Sweep
-from framework.sweep.loader import api_key
 from framework.sweep.trial_plan import TrialPlan
 from framework.trial.quality import Agreement
 from framework.trial.quality import QualityVerdict
@@ -66,7 +65,7 @@ class QualityGate:
         self.min_agreement = spec.sla.get(MIN_TOKEN_AGREEMENT)
         self.baseline_flags = trial_flags(spec.server.args, {}, True)
         self.declared = {n: p.default for n, p in sweep.space.parameters.items() if p.lossy}
-        self._api_key = api_key(spec)
+        self._api_key = sweep.api_key
         self._prompts: list[str] | None = None
         self._prompts_lock = threading.Lock()
         self._cond = threading.Condition()

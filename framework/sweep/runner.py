@@ -153,7 +153,7 @@ class Runner:
             self.console.print(f"study '{spec.name}' already holds {done} finished trials "
                                f"(target {target}); nothing to run. Use --add-trials N to extend.")
             return
-        load = load_plan(spec)
+        load = load_plan(spec, self.sweep.api_key)
         progress = Progress(self.console, target, spec.objective.metric,
                             spec.objective.direction == "maximize")
         self._search_target = target

@@ -26,7 +26,6 @@ from framework.load.sharegpt import read_sharegpt_conversations
 from framework.load.workload import Dataset
 from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
-from framework.sweep.loader import api_key
 from framework.trial.capacity import CapacitySettings
 from framework.trial.measure import CapacityPlan
 from framework.trial.measure import LoadPlan
@@ -45,7 +44,7 @@ def _dataset(w: WorkloadSpec) -> Dataset:
                    trace=w.timed_trace or TimedTraceSpec())
 
 
-def load_plan(spec: SweepSpec) -> LoadPlan:
+def load_plan(spec: SweepSpec, api_key: str | None = None) -> LoadPlan:
     """The load every trial receives: the workload's dataset drawn with `seed` (measured) and
     `seed + 1` (warm-up), arrivals (a timed trace's: its timestamps / speed_up), its
     sampling fields, and the SLA's per-request limits as
@@ -55,9 +54,10 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
     num_prompts requests, drawn with the same seeds (arrivals are session starts); the
     warm-up sends the first turns of `warmup_requests` other sessions as single requests.
     A mix draws each set with load.mix.mix_requests from the same seed.
-    Several workloads: one such plan per workload, measured one after another."""
+    Several workloads: one such plan per workload, measured one after another. `api_key`: the
+    run's key (Sweep.api_key), sent with every request."""
     if spec.workloads:
-        return _workloads_plan(spec)
+        return _workloads_plan(spec, api_key)
     w = spec.workload
     try:
         tok = load_tokenizer(w.tokenizer or spec.model)
@@ -108,7 +108,7 @@ def load_plan(spec: SweepSpec) -> LoadPlan:
                     goodput_slo_ms=goodput_slo_ms(spec.sla),
                     startup_timeout_s=spec.server.startup_timeout_s, endpoint=w.endpoint,
                     duration_s=w.duration_s, trial_timeout_s=spec.search.trial_timeout_s,
-                    api_key=api_key(spec),
+                    api_key=api_key,
                     request_rate=None if math.isinf(w.request_rate) else w.request_rate,
                     capacity=capacity,
                     sla_guard=(load_limits(spec.sla) or None) if spec.search.stop_early else None,
@@ -129,11 +129,11 @@ def saturation_settings(spec: SweepSpec) -> SaturationSettings:
                               max_margin=s.max_margin)
 
 
-def _workloads_plan(spec: SweepSpec) -> LoadPlan:
+def _workloads_plan(spec: SweepSpec, api_key: str | None) -> LoadPlan:
     """Several workloads: each one's plan as if it were the sweep's only workload; the trial's
     plan is the first's without a warm-up of its own (each workload warms up before its run)."""
     parts = [WorkloadPart(w.name, w.weight,
-                          load_plan(spec.model_copy(update={"workload": w, "workloads": ()})))
+                          load_plan(spec.model_copy(update={"workload": w, "workloads": ()}), api_key))
              for w in spec.workloads]
     return replace(parts[0].load, warmup=(), workloads=tuple(parts),
                    aggregate=spec.objective.aggregate)
