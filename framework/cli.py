@@ -32,8 +32,18 @@ if TYPE_CHECKING:
 SWEEP_HELP = "sweep YAML file (e.g. sweeps/quickstart.yaml)"
 
 
-def _sigterm_as_interrupt(*_: object) -> None:
-    raise KeyboardInterrupt("SIGTERM")
+def _signal_as_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _interrupt_on_signals() -> None:
+    """SIGTERM (`ray job stop`, kill) and SIGHUP (the ssh session or terminal closed) end the
+    command as Ctrl-C does: servers stopped, trials in flight recorded, exit 130. A SIGHUP the
+    caller ignores (`nohup`) stays ignored. Call after ray.init: Ray's own failure-signal
+    handler replaces any installed before it and ends the process without that cleanup."""
+    signal.signal(signal.SIGTERM, _signal_as_interrupt)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _signal_as_interrupt)
 
 
 NO_API_KEY_HELP = ("start servers that listen beyond loopback (a joined cluster, `host: node`) "
@@ -77,9 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with DriverSession(sw.store.sweep_dir / "driver.json") as driver, \
             RaySession(spec.cluster.address, spec.cluster.num_cpus,
                        spec.cluster.num_gpus) as session:
-        # After ray.init: Ray's own failure-signal handler replaces any installed before it
-        # and ends the process on SIGTERM without the cleanup below.
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        _interrupt_on_signals()  # after ray.init, which installs its own handlers
         if driver.reaped_stale:
             console.print(f"ended {driver.reaped_stale} process(es) left by an earlier driver "
                           "of this sweep that died")
@@ -298,7 +306,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         with RaySession(args.address or spec.cluster.address, spec.cluster.num_cpus,
                         spec.cluster.num_gpus) as session:
-            signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+            _interrupt_on_signals()
             say("Ray: " + ("private local instance" if session.is_local
                            else "joined existing cluster"))
             host = spec.server.host

@@ -161,8 +161,9 @@ def cli_in_process(*args: str, cwd: Path = ROOT,
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    # `run` installs its SIGTERM handler (and Ray its own) in this process: put pytest's back
-    saved_signals = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # `run` installs its SIGTERM and SIGHUP handlers (and Ray its own) here: put pytest's back
+    saved_signals = {sig: signal.getsignal(sig)
+                     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         if env is not None:
             os.environ.clear()

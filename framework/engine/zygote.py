@@ -22,9 +22,11 @@ How, with nothing of vLLM changed:
 
 Lifetimes: each forked process holds the read end of a pipe whose write end only its
 requester holds (the actor, or the shim). When it closes (the requester died, even by
-SIGKILL) the API server SIGKILLs its process group, an EngineCore or worker itself.
-EngineCore and workers join the API server's group, so the group (`served_group`, read by
-cluster/server.py) is the whole server. The zygote dies with its keeper (PR_SET_PDEATHSIG).
+SIGKILL) an EngineCore or worker SIGKILLs itself; the API server gets vLLM's own shutdown
+(SIGTERM to itself), and what of its process group is left after LIFE_GRACE_S is SIGKILLed
+(`end_group`). EngineCore and workers join the API server's group, so the group
+(`served_group`, read by cluster/server.py) is the whole server. The zygote dies with its
+keeper (PR_SET_PDEATHSIG).
 
 Protocol (one request per connection): 4-byte big-endian length sent with the fds, then a
 JSON header {"kind": "serve"|"spawn", "argv", "env", "cwd", "pgid", "targets", "nice",
@@ -49,6 +51,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from framework.engine.process_group import end_group
 from framework.engine.process_record import ProcessRecord
 from framework.engine.process_record import read_record
 from framework.engine.process_record import state
@@ -60,6 +63,10 @@ from framework.engine.zygote_shim import traits
 
 MAX_FDS = 64
 FOLDER_PREFIX = "vsweep-zygote-"
+# How long an API server whose requester died may take over vLLM's own shutdown before what is
+# left of its process group is SIGKILLed.
+LIFE_GRACE_S = 10.0
+_orphaned = threading.Event()  # this API server's requester died (its life pipe read EOF)
 _HIGH_FD = 256
 # What the three processes import, in the order a fresh spawn would; the worker's module is
 # the platform's (`worker_modules`).
@@ -96,9 +103,14 @@ def place_fds(received: Sequence[int], targets: Sequence[int]) -> None:
         os.close(fd)
 
 
-def _watch_life(fd: int, whole_group: bool) -> None:
-    """SIGKILL this process (the API server: its process group) once `fd` reads EOF: its
-    requester died, as an actor's in-process server dies with it."""
+def _watch_life(fd: int, whole_group: bool, grace_s: float = LIFE_GRACE_S) -> None:
+    """End this process once `fd` reads EOF (its requester died, as an actor's in-process
+    server dies with it): SIGKILL at once, unless `whole_group` (the API server). Then vLLM's
+    own shutdown first, as a stop gives it (SIGTERM to the API server alone, which stops
+    EngineCore and workers in order, each unlinking its shared memory), and after grace_s
+    what is left of the group is SIGKILLed (`end_group`; at once if the server returns
+    first: `_exit`). While vLLM has no SIGTERM handler yet (starting), the group is SIGKILLed
+    at once: the default action would end the API server alone."""
     def wait() -> None:
         try:
             while os.read(fd, 64):
@@ -106,7 +118,11 @@ def _watch_life(fd: int, whole_group: bool) -> None:
         except OSError:
             pass
         if whole_group:
-            os.killpg(0, signal.SIGKILL)
+            _orphaned.set()
+            if callable(signal.getsignal(signal.SIGTERM)):
+                os.kill(os.getpid(), signal.SIGTERM)
+                threading.Event().wait(grace_s)  # this process ends first if the shutdown does
+            end_group()
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait, daemon=True, name="vsweep-life").start()
@@ -162,12 +178,20 @@ def _child(req: dict, fds: list[int], close: Sequence[socket.socket], zygote_pat
     except BaseException:  # noqa: BLE001 - printed to the trial's log, then the exit code
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+        _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Leave a fork: streams flushed; if its requester died, what of its group outlived vLLM's
+    own shutdown ended (`end_group`). Never returns."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if _orphaned.is_set():
+        end_group()
+    os._exit(code)
 
 
 def _claim_process_title() -> None:

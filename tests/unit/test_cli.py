@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -229,3 +230,34 @@ def test_help_prints_every_argument_with_its_text(command):
     for action in _subcommands(parser())[command]._actions:
         assert all(option in shown for option in action.option_strings), action
         assert " ".join(action.help.split()[:3]) in shown, (action.help, shown)
+
+
+@pytest.fixture
+def own_signals() -> Iterator[None]:
+    """The test's changes to SIGTERM's and SIGHUP's handlers undone after it."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_the_driver_as_ctrl_c_does(own_signals, signum):
+    """`ray job stop` sends SIGTERM, a closed ssh session SIGHUP: both are the KeyboardInterrupt
+    whose handling stops every server and records the trials in flight (#33 item 6)."""
+    from framework.cli import _interrupt_on_signals
+
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    _interrupt_on_signals()
+    with pytest.raises(KeyboardInterrupt, match=signum.name):
+        signal.raise_signal(signum)
+
+
+def test_a_sighup_ignored_by_nohup_stays_ignored(own_signals):
+    from framework.cli import _interrupt_on_signals
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _interrupt_on_signals()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
