@@ -10,8 +10,9 @@ what it would import, as `vllm serve` itself forks its processes outside Ray on 
 
 How, with nothing of vLLM changed:
 - the trial's server actor asks the zygote (`serve_in_zygote`) to fork the API server; the
-  child takes the actor's environment, working directory, stdin/stdout/stderr, and runs
-  `serve_process.run(argv)` in a process group of its own;
+  child takes the actor's environment (with what `import vllm` sets put back: `fork_env`),
+  working directory, stdin/stdout/stderr, and runs `serve_process.run(argv)` in a process
+  group of its own;
 - vLLM starts its EngineCore and workers with multiprocessing's `spawn`, whose interpreter
   is `multiprocessing.set_executable` (Lib/multiprocessing/spawn.py): here the shim
   (framework/engine/zygote_shim.py). The shim hands its fds, environment and the spawn's
@@ -48,6 +49,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,6 +74,11 @@ _HIGH_FD = 256
 # the platform's (`worker_modules`).
 PRELOAD = ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.core",
            "vllm.v1.executor.multiproc_executor", "framework.engine.vllm_server")
+# What `import vllm` assigns whatever the environment holds (vllm/env_override.py, at module
+# level; its other names are setdefault's). PYTORCH_NVML_BASED_CUDA_CHECK=1 is what keeps
+# `torch.cuda.is_available()` from initialising CUDA (vLLM PR 15951): without it, a fork's
+# first such call would create a CUDA context in the API server before EngineCore forks.
+FORCED_BY_IMPORT = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_COMPILE_THREADS")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -128,6 +135,23 @@ def _watch_life(fd: int, whole_group: bool, grace_s: float = LIFE_GRACE_S) -> No
     threading.Thread(target=wait, daemon=True, name="vsweep-life").start()
 
 
+def import_env(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str]:
+    """What importing vLLM (the preload) set in the zygote's environment: every name it added or
+    changed, and FORCED_BY_IMPORT as it left them even where the zygote had them already."""
+    return {name: value for name, value in after.items()
+            if before.get(name) != value or name in FORCED_BY_IMPORT}
+
+
+def fork_env(requested: Mapping[str, str], imported: Mapping[str, str]) -> dict[str, str]:
+    """A fork's environment: what a fresh interpreter given `requested` holds once it has run
+    `import vllm`, as a spawn would. A fork does not import vLLM again, and its environment is
+    replaced by the requester's, so the import's names are put back: those `imported` holds
+    where the requester sets nothing (a user's TRITON_CACHE_AUTOTUNING=0 stays, as vLLM's
+    setdefault keeps it), FORCED_BY_IMPORT as the import set them whatever the requester says."""
+    return {**imported, **requested,
+            **{name: imported[name] for name in FORCED_BY_IMPORT if name in imported}}
+
+
 def _take_traits(req: dict) -> None:
     """The requester's niceness and CPU affinity (`zygote_shim.traits`), where allowed."""
     try:
@@ -152,8 +176,10 @@ def _run(req: dict) -> int:
     return serve_process.run(req["argv"])
 
 
-def _child(req: dict, fds: list[int], close: Sequence[socket.socket], zygote_path: str) -> None:
-    """Become the requested process; never returns."""
+def _child(req: dict, fds: list[int], close: Sequence[socket.socket], zygote_path: str,
+           imported: Mapping[str, str]) -> None:
+    """Become the requested process, its environment `fork_env(req["env"], imported)`; never
+    returns."""
     code = 1
     try:
         for sock in close:
@@ -167,7 +193,7 @@ def _child(req: dict, fds: list[int], close: Sequence[socket.socket], zygote_pat
         os.close(fds[-1])
         place_fds(fds[:-1], req["targets"])
         os.environ.clear()
-        os.environ.update(req["env"])
+        os.environ.update(fork_env(req["env"], imported))
         os.environ[SOCKET_VAR] = zygote_path
         os.chdir(req["cwd"])
         _take_traits(req)
@@ -231,8 +257,10 @@ def serve_forever(path: str) -> None:
 
     _claim_process_title()
     vllm_server.use_epoch_log()
+    before = dict(os.environ)
     preload(PRELOAD)
     preload(worker_modules())
+    imported = import_env(before, os.environ)
     import multiprocessing
 
     folder = Path(path).parent
@@ -249,7 +277,7 @@ def serve_forever(path: str) -> None:
         while True:
             if select.select([listener], [], [], 0.2)[0]:
                 conn, _ = listener.accept()
-                _answer(conn, listener, waiting)
+                _answer(conn, listener, waiting, imported)
             _reap(waiting)
     finally:
         Path(path).unlink(missing_ok=True)
@@ -257,7 +285,8 @@ def serve_forever(path: str) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _answer(conn: socket.socket, listener: socket.socket, waiting: dict[int, socket.socket]) -> None:
+def _answer(conn: socket.socket, listener: socket.socket, waiting: dict[int, socket.socket],
+            imported: Mapping[str, str]) -> None:
     conn.settimeout(30)
     try:
         req, fds = recv_request(conn)
@@ -269,7 +298,7 @@ def _answer(conn: socket.socket, listener: socket.socket, waiting: dict[int, soc
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(req, fds, [listener, conn, *waiting.values()], os.environ[SOCKET_VAR])
+        _child(req, fds, [listener, conn, *waiting.values()], os.environ[SOCKET_VAR], imported)
     for fd in fds:
         os.close(fd)
     try:

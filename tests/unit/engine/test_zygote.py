@@ -1,16 +1,20 @@
 """The warm_start lever's parts that need no vLLM (framework/engine/zygote.py, zygote_shim.py):
 reading spawn's command line, the request and reply protocol over a real Unix socket pair,
-fd placement, exiting as the child did, which processes a served group may hold, and the
-CPU engine's default levers."""
+fd placement, exiting as the child did, which processes a served group may hold, the CPU
+engine's default levers, and the environment a fork gets (what `import vllm` set kept)."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 from multiprocessing import spawn
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,6 +24,10 @@ from framework.cluster.zygote_keeper import KEEPER_FILE
 from framework.cluster.zygote_keeper import stale_folders
 from framework.config.specs import GPU_LEVERS
 from framework.config.specs import SweepSpec
+from framework.engine import zygote
+from framework.engine.zygote import FORCED_BY_IMPORT
+from framework.engine.zygote import fork_env
+from framework.engine.zygote import import_env
 from framework.engine.zygote import is_zygote_process
 from framework.engine.zygote import place_fds
 from framework.engine.zygote import recv_request
@@ -156,3 +164,85 @@ def test_stale_folders_are_those_whose_keeper_is_gone(tmp_path):
         (tmp_path / name / KEEPER_FILE).write_text(str(pid))
     (tmp_path / "vsweep-zygote-starting").mkdir()
     assert stale_folders(tmp_path, psutil.pid_exists) == [tmp_path / "vsweep-zygote-dead"]
+
+
+NVML, INDUCTOR = FORCED_BY_IMPORT
+
+
+def _assigned_at_import() -> tuple[set[str], set[str]]:
+    """The names vllm/env_override.py sets at module level (run by `import vllm`), read from
+    the installed source without importing it: (assigned outright, setdefault'ed)."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    source = Path(spec.submodule_search_locations[0]) / "env_override.py"
+    assigned: set[str] = set()
+    defaulted: set[str] = set()
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript)
+                and ast.unparse(node.targets[0].value) == "os.environ"):
+            assigned.add(ast.literal_eval(node.targets[0].slice))
+        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+              and ast.unparse(node.value.func) == "os.environ.setdefault"):
+            defaulted.add(ast.literal_eval(node.value.args[0]))
+    return assigned, defaulted
+
+
+def test_the_forced_names_are_those_vllm_assigns_at_import():
+    """A vLLM that forces another name at import fails here, not on a GPU node."""
+    assigned, defaulted = _assigned_at_import()
+    assert assigned == set(FORCED_BY_IMPORT)
+    assert defaulted and not defaulted & assigned
+
+
+@pytest.mark.parametrize(("before", "after", "imported"), [
+    # what the import added or changed; what it left alone is not its
+    ({"HOME": "/h", "X": "1"}, {"HOME": "/h", "X": "2", NVML: "1", "TRITON_CACHE_AUTOTUNING": "1"},
+     {"X": "2", NVML: "1", "TRITON_CACHE_AUTOTUNING": "1"}),
+    # a zygote that had vLLM's forced values already still hands them on
+    ({NVML: "1", INDUCTOR: "1"}, {NVML: "1", INDUCTOR: "1"}, {NVML: "1", INDUCTOR: "1"}),
+    ({}, {}, {}),
+])
+def test_import_env_is_what_the_import_set(before, after, imported):
+    assert import_env(before, after) == imported
+
+
+IMPORTED = {NVML: "1", INDUCTOR: "1", "TRITON_CACHE_AUTOTUNING": "1"}
+
+
+@pytest.mark.parametrize(("requested", "env"), [
+    # the actor's environment holds none of them: all put back (the defect: NVML dropped)
+    ({"HOME": "/h"}, {"HOME": "/h", **IMPORTED}),
+    # a setdefault'ed name the user set keeps the user's value, as a fresh import keeps it
+    ({"TRITON_CACHE_AUTOTUNING": "0"}, {**IMPORTED, "TRITON_CACHE_AUTOTUNING": "0"}),
+    # a forced name is vLLM's whatever the requester says, as a fresh import makes it
+    ({NVML: "0", INDUCTOR: "8"}, IMPORTED),
+])
+def test_a_fork_environment_is_a_fresh_import_of_the_requesters(requested, env):
+    assert fork_env(requested, IMPORTED) == env
+
+
+def test_a_forked_child_holds_what_the_import_set(tmp_path, monkeypatch):
+    """The real `_child`, its run replaced by a dump of its environment: the requester's
+    variables, and vLLM's import's put back over a cleared environment."""
+    out = tmp_path / "env.json"
+
+    def dump(req: dict) -> int:
+        out.write_text(json.dumps(dict(os.environ)), encoding="utf-8")
+        return 7
+
+    monkeypatch.setattr(zygote, "_run", dump)
+    monkeypatch.setenv("VSWEEP_ONLY_IN_THE_ZYGOTE", "1")
+    life_r, life_w = os.pipe()
+    req = {"kind": "spawn", "env": {"HOME": str(tmp_path), INDUCTOR: "8"}, "cwd": str(tmp_path),
+           "pgid": None, "targets": []}
+    pid = os.fork()
+    if pid == 0:
+        os.close(life_w)
+        zygote._child(req, [life_r], [], "/zygote.sock", IMPORTED)  # never returns
+    os.close(life_r)
+    try:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+    finally:
+        os.close(life_w)
+    env = json.loads(out.read_text(encoding="utf-8"))
+    assert env == {"HOME": str(tmp_path), **IMPORTED, zygote.SOCKET_VAR: "/zygote.sock"}
