@@ -1,33 +1,44 @@
 """Real pipeline parallelism across two emulated Ray nodes (distinct loopback IPs).
 
-The cluster is started by this test (ray.cluster_utils, its own temp dir, every process
-tagged with a marker env var) and the sweep joins it through `cluster.address`. vLLM runs
-in-process in the trial's server actor with the Ray executor and the project's CPU platform
-plugin; its two pipeline stages must land in the trial's two bundles, one per node.
+The cluster is started by this test and the sweep joins it through `cluster.address`: a head
+from ray.cluster_utils that holds no CPU (the GCS, and the raylet of the driver, which runs in
+this process), and two isolated nodes (tests/isolated_nodes.py, #32), each in its own mount and
+PID namespace with its own TMPDIR, HOME and caches, every process tagged with a marker env var.
+vLLM runs in-process in the trial's server actor with the Ray executor and the project's CPU
+platform plugin; its two pipeline stages must land in the trial's two bundles, one per node.
+Wherever the server actor lands, the other stage's node cannot read a file it wrote (nor the
+driver's): a server that hands vLLM's workers a path on its own node fails here, as across real
+hosts (vLLM's "File does not exist" for the logging config that eeb7f4a wrote).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_joined
-from tests.helpers import emulated_cluster
+from tests.helpers import cli_in_process
+from tests.helpers import joined_cli_env
 from tests.helpers import marked_processes
 from tests.helpers import read_trials
+from tests.helpers import vsweep_leftovers
+from tests.isolated_nodes import IsolatedCluster
+from tests.isolated_nodes import isolated_cluster
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture
-def two_node_cluster(short_tmp):
-    """Head (1 CPU) + a second node at 127.0.0.2 (1 CPU); yields (gcs address, marker)."""
-    with emulated_cluster(short_tmp, [{"num_cpus": 1}, {"num_cpus": 1, "node_ip_address": "127.0.0.2"}]) as (
-            _, address, marker):
-        yield address, marker
+def two_node_cluster(short_tmp) -> Iterator[IsolatedCluster]:
+    """A head with no CPU and two isolated nodes at 127.0.0.2 and 127.0.0.3 (1 CPU each), all
+    under short_tmp. The head stays in this process's namespaces, so it would see the nodes'
+    files: it takes no trial work."""
+    with isolated_cluster(short_tmp, {"num_cpus": 0}, [{"ip": "127.0.0.2", "num_cpus": 1},
+                                                       {"ip": "127.0.0.3", "num_cpus": 1}]) as cluster:
+        yield cluster
 
 
 def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
@@ -53,9 +64,14 @@ def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
 
 @pytest.mark.timeout(900)
 def test_pipeline_stages_span_two_nodes(tiny_model, short_tmp, two_node_cluster):
-    address, marker = two_node_cluster
+    address, marker = two_node_cluster.address, two_node_cluster.marker
     sweep = write_pp_sweep(short_tmp, tiny_model, address)
-    res = cli_joined(["run", str(sweep)], short_tmp, marker, short_tmp)
+    # No VLLM_SWEEP_CACHE_DIR of this machine's (the repository's .cache, which every emulated
+    # node would share): the servers' caches take sweep/loader.py cache_dir's default, a path
+    # under short_tmp or a node's HOME, private to each node here as on real hosts.
+    env = joined_cli_env(marker, short_tmp, short_tmp)
+    env.pop("VLLM_SWEEP_CACHE_DIR", None)
+    res = cli_in_process("run", str(sweep), cwd=short_tmp, env=env)
     log = (short_tmp / "results/pp/logs/trial-00000.log")
     log_text = log.read_text() if log.exists() else ""
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + log_text[-3000:]
@@ -82,3 +98,6 @@ def test_pipeline_stages_span_two_nodes(tiny_model, short_tmp, two_node_cluster)
         if "VLLM" in text or "ServerActor" in text or "RayWorker" in text:
             leftovers.append(text[:120])
     assert leftovers == []
+    # Nor any of the server's files in either node's TMPDIR.
+    for node in two_node_cluster.nodes:
+        assert vsweep_leftovers(node.folder) == [], node.ip
