@@ -42,6 +42,7 @@ FAIL_REASONS = (
     "server_died",       # the server exited during the load
     "load_failed",       # every request of the measured run failed
     "node_lost",         # a node holding one of the trial's bundles died
+    "devices_held",      # a start-up OOM on devices an earlier server's processes still held
     "unplaceable",       # the trial's placement group can never fit the cluster
     "interrupted",       # the driver stopped (Ctrl-C, SIGTERM, kill -9 then resume)
     "internal",          # a bug in vllm-sweep; the message says where

@@ -35,7 +35,10 @@ from framework.cluster.placement import Bundle
 from framework.cluster.placement import Layout
 from framework.cluster.placement import layout
 from framework.cluster.ports import claim_port
+from framework.cluster.server import HeldDevices
 from framework.cluster.server import RayServer
+from framework.cluster.server import Survivors
+from framework.cluster.server import still_running
 from framework.cluster.vllm_plugin import ENV_FLAG
 from framework.cluster.zygote_keeper import Zygotes
 from framework.engine.serve_process import uses_ray_executor
@@ -98,6 +101,7 @@ class RayLauncher:
         self._lock = threading.Lock()
         self._ports: set[tuple[str, int]] = set()
         self._active: dict[int, RayServer] = {}
+        self._held = HeldDevices()  # stopped servers' processes not seen gone (cluster.server)
         self._cancelled = threading.Event()
         self._zygotes = Zygotes(self._env_for([{}])) if warm_start and engine != "fake" else None
 
@@ -129,6 +133,13 @@ class RayLauncher:
         return env
 
     def _release(self, server: RayServer) -> None:
+        """A stopped server's group was removed: its port is free, its survivors recorded."""
+        if server.survivors:
+            ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+            for node_id, pids in server.survivors.items():
+                self._held.add(Survivors(node_id, ips.get(node_id, "?"),
+                                         tuple(dict.fromkeys(pids)),
+                                         server.released_at or time.time(), server.log_path.name))
         with self._lock:
             self._ports.discard((server.node_id, server.port))
             self._active.pop(id(server), None)
@@ -137,6 +148,18 @@ class RayLauncher:
             with open(path, "a") as fh:
                 fh.write(json.dumps({"t": server.released_at, "group": server.group.id.hex(),
                                      "released": True}) + "\n")
+
+    def devices_held(self, server: RayServer) -> str:
+        """Why `server`'s devices may have been held when it started ('' if not): earlier
+        servers' processes still running on its nodes when their groups were removed before
+        its own was placed. Each is checked again on its node: once gone, it is forgotten
+        (named this once more: it may have ended only after this server's start-up check)."""
+        found = []
+        for held in self._held.before({*server.placement, server.node_ip}, server.placed_at):
+            if not still_running(held):
+                self._held.forget(held)
+            found.append(held.describe())
+        return "; ".join(found)
 
     def _place(self, wanted: Sequence[Bundle], unit: int) -> PlacementGroup | None:
         """Reserve the group, laid out again every RELAYOUT_S while pinned stages wait; None
@@ -168,6 +191,7 @@ class RayLauncher:
         `argv_for_port(host, port)` builds the argv once the port is known."""
         try:
             group = self._place(wanted, unit)
+            placed_at = time.time()
         finally:
             on_placed()
         if group is None:
@@ -203,7 +227,8 @@ class RayLauncher:
                            node_id=info["node_id"], pid=info["pid"], port=info["port"],
                            placement=placement, log_path=log_path, node_log=info["log_path"],
                            control_path=info["control"], rpc_dir=info["rpc_dir"],
-                           _on_stop=self._release)
+                           _on_stop=self._release, _held=self.devices_held,
+                           placed_at=placed_at)
         with self._lock:
             self._active[id(server)] = server
         return server

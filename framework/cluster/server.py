@@ -8,13 +8,29 @@ which `ray.kill` of the server actor does not wait for (they are owned by Engine
 after it, asynchronously). Ray's public API names no group's actors without the dashboard, so
 they are read from the GCS actor table (`placement_group_id`, `pid`, node), the same table
 `ray._private.state` parses.
+
+When a process outlives that (SIGKILLed, still running 5 s later: stuck in the kernel, e.g. a
+GPU driver's teardown), the group is removed all the same, and the next trial on those devices
+may fail vLLM's start-up free-memory check (vllm/v1/worker/utils.py, "is less than desired GPU
+memory utilization"): an `oom_at_startup` that says nothing of its configuration. Such
+survivors are recorded (`Survivors`, kept by the launcher in `HeldDevices`) and a start-up OOM
+of a server placed after them on their node (by node: Ray does not say which GPUs a removed
+group held) is `devices_held`, a failure the search does not learn from
+(trial.run.held_failure; search.tuner.CONFIG_FAILURES lacks it).
+Why not wait longer instead: a process that SIGKILL has not ended in the stop's ~30 s is
+stuck where more waiting may never help, and a stop that does not return holds its trial's
+thread, so the sweep, for good; keeping the group until they are gone would need a watcher of
+every such group for the rest of the run. The record costs a trial on those devices at most
+once they are free again: its check finds them gone and forgets them (`HeldDevices.forget`).
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -44,6 +60,61 @@ class GroupProcess:
 
     node_id: str
     pid: int
+
+
+@dataclass(frozen=True)
+class Survivors:
+    """Processes of a stopped server still running on one node when its group was removed."""
+
+    node_id: str
+    node_ip: str
+    pids: tuple[int, ...]
+    released_at: float  # wall clock, just before the group was removed
+    server: str  # whose: its log's name on the driver (trial-00007.log)
+
+    def describe(self) -> str:
+        at = time.strftime("%H:%M:%S", time.localtime(self.released_at))
+        return (f"devices on {self.node_ip} were handed on at {at} while pids "
+                f"{list(self.pids)} of the server of {self.server} still ran")
+
+
+class HeldDevices:
+    """The launcher's record of `Survivors` (thread-safe): which of them a server placed at
+    `placed_at` on `nodes` may have found holding its devices."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[Survivors] = []
+
+    def add(self, survivors: Survivors) -> None:
+        with self._lock:
+            self._held.append(survivors)
+
+    def before(self, nodes: Collection[str], placed_at: float) -> list[Survivors]:
+        """Survivors on one of `nodes` (IPs) whose group was removed before `placed_at`: a
+        group placed earlier held other devices than theirs while they ran."""
+        with self._lock:
+            return [s for s in self._held if s.node_ip in nodes and s.released_at <= placed_at]
+
+    def forget(self, survivors: Survivors) -> None:
+        """Seen gone: no later server can find them holding its devices."""
+        with self._lock:
+            if survivors in self._held:
+                self._held.remove(survivors)
+
+
+def _running(pids: list[int]) -> list[int]:
+    """Those of `pids` still running on this node (zombies hold no device: not running)."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def group_processes(group: PlacementGroup) -> list[GroupProcess]:
@@ -83,12 +154,21 @@ _await_exit_remote = ray.remote(num_cpus=0)(await_exit)
 _read_tail_remote = ray.remote(num_cpus=0)(_read_tail)
 _remove_files_remote = ray.remote(num_cpus=0)(_remove_files)
 _send_remote = ray.remote(num_cpus=0)(control.send)
+_running_remote = ray.remote(num_cpus=0)(_running)
 
 
 def on_node(node_id: str, fn: ray.remote_function.RemoteFunction, *args, timeout_s: float = 60.0):
     """Run the remote function `fn(*args)` on one node and wait for its result."""
     strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
     return ray.get(fn.options(scheduling_strategy=strategy).remote(*args), timeout=timeout_s)
+
+
+def still_running(survivors: Survivors) -> list[int]:
+    """Those of `survivors`' pids still running on their node (all, when it cannot be asked)."""
+    try:
+        return on_node(survivors.node_id, _running_remote, list(survivors.pids))
+    except Exception:  # noqa: BLE001 - the node or Ray did not answer: not known to be gone
+        return list(survivors.pids)
 
 
 @dataclass
@@ -112,9 +192,13 @@ class RayServer:
     control_path: str
     rpc_dir: str
     _on_stop: Callable[[RayServer], None] = field(default=lambda _: None, repr=False)
+    _held: Callable[[RayServer], str] = field(default=lambda _: "", repr=False)
     _stopped: bool = field(default=False, repr=False)
     _log_offset: int = field(default=0, repr=False)
+    placed_at: float = 0.0  # wall clock once its group was placed
     released_at: float | None = None  # wall clock just before the group was removed
+    # node id -> pids of this server still running there when its group was removed
+    survivors: dict[str, list[int]] = field(default_factory=dict)
 
     def is_alive(self) -> bool:
         done, _ = ray.wait([self.serve_ref], timeout=0)
@@ -165,6 +249,11 @@ class RayServer:
         except Exception as exc:  # noqa: BLE001 - the node or the server is gone: data
             return f"error {type(exc).__name__}: {exc}"
 
+    def devices_held(self) -> str:
+        """'' unless an earlier server's processes still ran on this server's nodes when its
+        group was placed (`Survivors.describe`, asked of the launcher)."""
+        return self._held(self)
+
     def fetch_log(self) -> None:
         """Append what the server logged since the last fetch to `log_path` (driver side)."""
         try:
@@ -205,21 +294,23 @@ class RayServer:
         # GCS may list an actor DEAD (its owner died) before its process has exited: the
         # group's processes are listed now, while they live, and each is waited for below
         members = group_processes(self.group)
-        left: list[int] = []
         if self.node_ip not in self.lost_nodes():
             try:
                 left = on_node(self.node_id, _stop_tree_remote, self.pid, self.actor, 10.0)
             except Exception:  # noqa: BLE001 - the node died meanwhile: nothing left to reap
                 left = []
+            if left:
+                self.survivors.setdefault(self.node_id, []).extend(left)
         ray.kill(self.actor, no_restart=True)
-        left += self._reap_group(members)
+        for node_id, pids in self._reap_group(members).items():
+            self.survivors.setdefault(node_id, []).extend(pids)
         self.fetch_log()
         try:
             on_node(self.node_id, _remove_files_remote, self.node_log, self.control_path,
                     self.rpc_dir)
         except Exception:  # noqa: BLE001 - the node died: its temp dir goes with it
             pass
-        return left
+        return sorted({pid for pids in self.survivors.values() for pid in pids})
 
     def _release(self) -> None:
         """Remove the group (Ray kills what still runs in it), then tell the launcher, even if
@@ -230,12 +321,12 @@ class RayServer:
         finally:
             self._on_stop(self)
 
-    def _reap_group(self, members: list[GroupProcess]) -> list[int]:
+    def _reap_group(self, members: list[GroupProcess]) -> dict[str, list[int]]:
         """Wait until each process of `members` (the group's actors before the stop) has exited
         on its node, and until GCS lists no live actor in the group (and theirs have exited
-        too); returns pids that could not be ended."""
+        too); returns the pids that could not be ended, by node id."""
         alive_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        left: list[int] = []
+        left: dict[str, list[int]] = {}
         deadline = time.monotonic() + WORKER_GRACE_S + 10
         procs = [p for p in members if p.node_id in alive_nodes]
         while procs:
@@ -245,13 +336,16 @@ class RayServer:
                     by_node.setdefault(p.node_id, []).append(p.pid)
             for node_id, pids in by_node.items():
                 try:
-                    left += on_node(node_id, _await_exit_remote, pids, WORKER_GRACE_S,
+                    still = on_node(node_id, _await_exit_remote, pids, WORKER_GRACE_S,
                                     timeout_s=WORKER_GRACE_S + 30)
                 except Exception:  # noqa: BLE001 - that node died: its processes with it
-                    pass
+                    still = []
+                if still:
+                    left.setdefault(node_id, []).extend(p for p in still
+                                                        if p not in left.get(node_id, []))
             if time.monotonic() > deadline:
                 break
             procs = [p for p in group_processes(self.group) if p.node_id in alive_nodes]
             if procs:
                 time.sleep(0.2)
-        return sorted(set(left))
+        return left

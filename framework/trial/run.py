@@ -72,6 +72,11 @@ class ServerHandle(Protocol):
         """The server's log so far ('' if unreadable); read once it is ready, for its start-up
         phases (framework.engine.startup_log)."""
 
+    def devices_held(self) -> str:
+        """'' unless an earlier server's processes may still have held this server's devices
+        when it started (what and where: the detail of a `devices_held` failure); asked after
+        a start-up failure (`held_failure`)."""
+
 
 class ServerLauncher(Protocol):
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
@@ -126,6 +131,17 @@ class TrialOutcome:
     @property
     def records(self) -> tuple[RequestRecord, ...]:
         return tuple(r for step in self.steps for r in step.records)
+
+
+def held_failure(reason: str, detail: str, held: str) -> tuple[str, str]:
+    """A start-up OOM on devices an earlier server's processes may still have held (`held`,
+    ServerHandle.devices_held) is `devices_held`: vLLM's free-memory check counts what they
+    hold, so the failure says nothing of the configuration, and the search does not learn
+    from it (search.tuner.CONFIG_FAILURES lacks it); vLLM's line is kept after what held
+    them. Any other outcome is returned unchanged."""
+    if reason != "oom_at_startup" or not held:
+        return reason, detail
+    return "devices_held", f"{held}; vLLM: {detail}"[:2000]
 
 
 def _await_ready(server: ServerHandle, timeout_s: float, deadline: Deadline) -> None:
@@ -354,6 +370,8 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
                               exc.detail)
         else:
             reason, detail = startup_failure(exc.reason, exc.detail, tail)
+            if server is not None and reason == "oom_at_startup":
+                reason, detail = held_failure(reason, detail, server.devices_held())
         return TrialOutcome(started_at=started_at, argv=tuple(argv),
                             node_ip=server.node_ip if server else "",
                             placement=server.placement if server else (),

@@ -139,6 +139,8 @@ def test_best_trial_is_best_feasible(journal, maximize, feasible_value, infeasib
 @pytest.mark.parametrize(("evaluation", "reason"), [
     (Evaluation(objective=None, constraints={}, fail_reason="startup_timeout"), "startup_timeout"),
     (Evaluation(objective=None, constraints={}, fail_reason="node_lost"), "node_lost"),
+    # a start-up OOM on devices an earlier server still held: not the configuration's (#32)
+    (Evaluation(objective=None, constraints={}, fail_reason="devices_held"), "devices_held"),
     # a value with a failure reason is still a failure
     (Evaluation(objective=3.0, constraints={"p99_ttft_ms": -1.0}, fail_reason="server_died"),
      "server_died"),

@@ -97,6 +97,9 @@ class FakeServer:
     def startup_log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def devices_held(self) -> str:
+        return ""
+
 
 class FakeLauncher:
     """runner.ClusterLauncher on one pretend node with `gpus` devices: a launch waits until

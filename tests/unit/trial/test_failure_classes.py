@@ -1,5 +1,6 @@
-"""Parts of failure handling without a server: refining a start-up failure, the whole-trial
-deadline, and the after-load health check (against a local HTTP stub of /health)."""
+"""Parts of failure handling without a server: refining a start-up failure (a start-up OOM on
+devices an earlier server may still have held is `devices_held`), the whole-trial deadline,
+and the after-load health check (against a local HTTP stub of /health)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,10 @@ from framework.base.errors import TrialError
 from framework.engine.vllm_server import startup_failure
 from framework.load import loadgen
 from framework.trial.measure import Deadline
+from framework.trial.measure import LoadPlan
 from framework.trial.run import _check_still_serving
+from framework.trial.run import held_failure
+from framework.trial.run import run_trial
 
 KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (512), "
                 "(0.02 GiB KV cache is needed, which is larger than the available KV cache memory "
@@ -45,6 +50,69 @@ def test_startup_failure(reason, detail, log, expected_reason, expected_detail):
 def test_startup_failure_takes_the_last_memory_line_of_the_log():
     log = "WARNING Cannot allocate memory for pinned buffer (retrying)\nINFO ok\n" + KV_TOO_SMALL
     assert startup_failure("startup_crash", "RuntimeError: x", log)[1] == KV_TOO_SMALL
+
+
+FREE_MEMORY = ("ValueError: Free memory on device cuda:0 (41.2/79.1 GiB) on startup is less "
+               "than desired GPU memory utilization (0.9, 71.19 GiB).")
+HELD = "devices on 10.0.0.7 were handed on at 12:00:00 while pids [4321] of ... still ran"
+
+
+@pytest.mark.parametrize(("reason", "held", "expected"), [
+    # the free-memory check failed while an earlier server's process still ran there
+    ("oom_at_startup", HELD, ("devices_held", f"{HELD}; vLLM: {FREE_MEMORY}")),
+    ("oom_at_startup", "", ("oom_at_startup", FREE_MEMORY)),  # nothing held: the configuration's
+    ("startup_crash", HELD, ("startup_crash", FREE_MEMORY)),  # not a memory shortage: unchanged
+    ("invalid_args", HELD, ("invalid_args", FREE_MEMORY)),
+])
+def test_a_start_up_oom_on_held_devices_is_devices_held(reason, held, expected):
+    assert held_failure(reason, FREE_MEMORY, held) == expected
+
+
+@dataclass
+class CrashedServer:
+    """A ServerHandle whose server died before ready with vLLM's free-memory error."""
+    held: str
+    base_url: str = "http://127.0.0.1:9"
+    node_ip: str = "10.0.0.7"
+    pid: int = 1
+    placement: tuple[str, ...] = ("10.0.0.7",)
+
+    def is_alive(self) -> bool:
+        return False
+
+    def failure(self) -> TrialError | None:
+        return TrialError("invalid_args", FREE_MEMORY)
+
+    def stop(self) -> list[int]:
+        return []
+
+    def command(self, name: str, timeout_s: float = 60.0) -> str:
+        return "ok"
+
+    def startup_log(self) -> str:
+        return ""
+
+    def devices_held(self) -> str:
+        return self.held
+
+
+@pytest.mark.parametrize(("held", "reason"), [(HELD, "devices_held"), ("", "oom_at_startup")])
+def test_run_trial_records_a_start_up_oom_on_held_devices_as_devices_held(tmp_path: Path, held,
+                                                                          reason):
+    server = CrashedServer(held)
+
+    class Launcher:
+        def launch(self, argv_for_port, log_path, wanted, on_placed=lambda: None, unit=1):
+            on_placed()
+            return server
+
+    plan = LoadPlan(model="m", warmup=(), measured=(), arrivals=None, max_concurrency=1,
+                    ignore_eos=True, request_timeout_s=10.0, percentiles=(50.0,),
+                    goodput_slo_ms={}, startup_timeout_s=10.0)
+    outcome = run_trial(Launcher(), lambda host, port: ["--model", "m"], plan,
+                        tmp_path / "trial-00001.log", [{"GPU": 1.0}])
+    assert outcome.fail_reason == reason and FREE_MEMORY in outcome.fail_detail
+    assert outcome.fail_detail.startswith(held)
 
 
 class Clock:
