@@ -138,10 +138,25 @@ def read_model_facts(model_dir: Path, source: str = "") -> ModelFacts:
                           f"config.json lacks {exc}") from None
 
 
-def _linear_params(m: ModelFacts) -> int:
+def _layer_linear_params(m: ModelFacts) -> int:
+    """One decoder layer's linear params: q, o (H x nh x d each), k, v (H x kv x d), gate, up,
+    down (H x I)."""
     i, h, d = m.info, m.info.hidden_size, m.dim
-    attention = 2 * h * i.num_heads * d + 2 * h * i.num_kv_heads * d
-    return i.num_layers * (attention + 3 * h * m.intermediate_size)
+    return 2 * h * i.num_heads * d + 2 * h * i.num_kv_heads * d + 3 * h * m.intermediate_size
+
+
+def _linear_params(m: ModelFacts) -> int:
+    return m.info.num_layers * _layer_linear_params(m)
+
+
+def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder layers of each pipeline stage as vLLM splits them (vllm/distributed/utils.py,
+    get_pp_indices, VLLM_PP_LAYER_PARTITION unset): L // PP each, the remainder one apiece to
+    the stages before the last, from the second-to-last backwards."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return tuple(parts)
 
 
 def param_count(m: ModelFacts) -> int:
@@ -167,17 +182,31 @@ def dtype_bytes(dtype: str) -> float:
 
 def weight_bytes_per_gpu(m: ModelFacts, tp: int, pp: int, quantization: str | None = None,
                          dtype: str = "auto") -> float:
-    """(linear params x weight bytes + other params x b) / (TP x PP). Weight bytes: the
-    `quantization` flag's, else the config's quantization_config bits, else b. Approximation:
-    embeddings and lm_head are split as if uniform over all ranks (vLLM puts them on the
-    first / last pipeline stage)."""
+    """One GPU's weights on the last pipeline stage (the worker `gpu_budget` models): (linear
+    params x weight bytes + other params x b) / TP. Weight bytes: the `quantization` flag's,
+    else the config's quantization_config bits, else b.
+    PP 1: the whole model (`param_count`; a tied lm_head is the embedding, counted once).
+    PP > 1: the last stage's decoder layers (`stage_layers`), the final norm and a whole
+    V x H lm_head, tied or not. vLLM gives each stage only its own modules, PPMissingLayer for
+    the rest (vllm/model_executor/models/llama.py): embed_tokens on the first rank, and on the
+    last rank too when tied (LlamaModel.__init__: `is_first_rank or (tie_word_embeddings and
+    is_last_rank)`), the lm_head on the last rank only, tied to that rank's own embed_tokens
+    (LlamaForCausalLM.__init__, `tie_weights`). So a tied model's V x H is held twice across
+    stages, once on the last: counted once, as at PP 1, it would be missing there. vLLM's
+    vocab padding (to a multiple of 64) is not modelled."""
     value_bytes = dtype_bytes(value_dtype(m, dtype))
     method = quantization or m.quantization
     linear_bytes = QUANT_BYTES.get(method or "", value_bytes)
     if method is not None and method == m.quantization and m.quant_bits:
         linear_bytes = m.quant_bits / 8
-    linear = _linear_params(m)
-    return (linear * linear_bytes + (param_count(m) - linear) * value_bytes) / (tp * pp)
+    if pp <= 1:
+        linear = _linear_params(m)
+        other = param_count(m) - linear
+    else:
+        h, layers = m.info.hidden_size, stage_layers(m.info.num_layers, pp)[-1]
+        linear = layers * _layer_linear_params(m)
+        other = layers * 2 * h + h + m.vocab_size * h  # layer norms, final norm, lm_head
+    return (linear * linear_bytes + other * value_bytes) / tp
 
 
 def kv_dtype_bytes(m: ModelFacts, kv_cache_dtype: str = "auto", dtype: str = "auto") -> float:

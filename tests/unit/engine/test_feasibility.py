@@ -82,6 +82,32 @@ def test_weight_bytes_per_gpu(tp, pp, quant, dtype, expected_gb):
         expected_gb, abs=0.01)
 
 
+@pytest.mark.parametrize("layers, pp, expected", [
+    (32, 1, (32,)), (80, 2, (40, 40)), (80, 3, (27, 27, 26)),
+    (5, 4, (1, 1, 2, 1)), (7, 4, (2, 2, 2, 1)),  # the remainder skips the last stage
+])
+def test_stage_layers_are_vllms_split(layers, pp, expected):
+    assert mm.stage_layers(layers, pp) == expected
+
+
+# A 4-layer toy (H 4, 2 heads of 2, 1 KV head, I 4, V 8, bf16): per layer 96 linear params
+# (q, o 4x4, k, v 4x2, gate, up, down 4x4) + 8 norm params; embedding and lm_head 8x4 = 32
+# each; final norm 4.
+@pytest.mark.parametrize("tied, tp, pp, params", [
+    (False, 1, 1, 32 + 4 * 104 + 4 + 32),   # 484: the whole model
+    (True, 1, 1, 32 + 4 * 104 + 4),         # 452: one embedding serves as lm_head
+    (False, 2, 1, (32 + 4 * 104 + 4 + 32) / 2),
+    # PP 2: the last stage holds 2 layers, the final norm and its own V x H lm_head; tied, it
+    # is a second copy of the embedding (the first stage holds one too): 244, not 452 / 2
+    (False, 1, 2, 2 * 104 + 4 + 32), (True, 1, 2, 2 * 104 + 4 + 32),
+    (True, 2, 2, (2 * 104 + 4 + 32) / 2),
+    (True, 1, 3, 1 * 104 + 4 + 32),         # stages of 2, 1, 1 layers
+])
+def test_the_last_stage_holds_its_layers_and_an_lm_head_tied_or_not(tied, tp, pp, params):
+    toy = _facts(layers=4, heads=2, kv_heads=1, hidden=4, tied=tied)
+    assert mm.weight_bytes_per_gpu(toy, tp, pp) == 2 * params
+
+
 @pytest.mark.parametrize("model, kv_dtype, tp, pp, expected", [
     (LLAMA_8B, "auto", 1, 1, 131_072),          # 2 x 32 x 8 x 128 x 2
     (LLAMA_8B, "fp8", 1, 1, 65_536), (LLAMA_8B, "fp8_e5m2", 1, 1, 65_536),
@@ -363,7 +389,8 @@ def test_8b_on_one_h100_at_vllm_defaults():
 
 @pytest.mark.parametrize("tp, pp, weights_gib, kv_per_gpu", [
     (4, 1, 32.85, 81_920), (8, 1, 16.43, 40_960), (4, 2, 16.43, 40_960), (8, 2, 8.21, 20_480),
-    (8, 3, 5.47, 13_824),  # uneven stages (27, 27, 26 layers) are allowed
+    # uneven stages (27, 27, 26 layers) are allowed; the last binds: 26 layers + lm_head
+    (8, 3, 5.42, 13_824),
 ])
 def test_70b_on_h100_nodes_every_shape_fits(tp, pp, weights_gib, kv_per_gpu):
     result = check(R1_70B, H100, {"tensor-parallel-size": tp, "pipeline-parallel-size": pp},
