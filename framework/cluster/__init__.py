@@ -7,6 +7,8 @@ release of a trial's devices. The only package importing ray.
 - `server`: `RayServer` (trial.ServerHandle): stop and release (every process on every node
   gone first), the log fetched to the driver, control commands to the server;
 - `actors`: `ServerActor` (devices held as vLLM uses them) and FakeEngine's `FakeWorker`;
+- `devices`: which physical GPU each process of a trial computes on, as vLLM picks it (pure;
+  the fake-GPU contract FakeEngine's workers follow);
 - `jobs`: Ray's job submission API (`vllm-sweep submit`).
 """
 

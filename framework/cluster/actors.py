@@ -1,23 +1,23 @@
 """The Ray actors of a trial: `ServerActor` hosts the API server (vLLM's or FakeEngine's) on
 bundle 0 of the trial's group; `FakeWorker` stands in for a vLLM worker in FakeEngine trials.
 
-Devices, as vLLM 0.32 uses them:
+Devices, as vLLM 0.32 uses them (cluster/devices.py has the rules, with their sources):
 - world size 1: vLLM's uniprocess executor runs the model in the EngineCore child of the API
-  server process on `cuda:0` of what that process sees (vllm/v1/executor/uniproc_executor.py),
-  so the server actor itself holds the bundle's GPU (`num_gpus=1`) and Ray sets its
-  CUDA_VISIBLE_DEVICES, which the child inherits;
-- world size > 1: vLLM's Ray executor puts one worker actor with `num_gpus=1` in each bundle
-  (vllm/v1/executor/ray_executor_v2.py, `_get_actor_resource_kwargs`) and maps each worker to
-  the physical ids Ray assigned to its node's bundles (`get_node_and_physical_gpu_ids`), so the
-  server actor holds no GPU. It cannot be given an empty CUDA_VISIBLE_DEVICES either: vLLM's
-  CUDA platform refuses that (vllm/platforms/cuda.py, "CUDA_VISIBLE_DEVICES is set to empty
-  string").
-FakeEngine trials mirror this: at world size 1 the actor records what it holds; above, one
-`FakeWorker` per bundle does, in vLLM's rank order (`placement.ranks_by_node`).
+  server process at local rank 0, on entry 0 of the CUDA_VISIBLE_DEVICES it inherits, so the
+  server actor itself holds the bundle's GPU (`num_gpus=1`) and Ray sets that variable;
+- world size > 1: vLLM's Ray executor puts one worker actor with `num_gpus=1` in each bundle,
+  with RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES set so Ray leaves CUDA_VISIBLE_DEVICES
+  unset, and each worker computes on `sorted(Ray's GPU ids of the group's bundles on its
+  node)[its local rank]`; the server actor holds no GPU, so Ray 2.60 leaves its
+  CUDA_VISIBLE_DEVICES unset too (vLLM treats unset and empty alike).
+FakeEngine trials follow the same mechanics with the same functions: at world size 1 the actor
+records the GPU it would compute on; above, one `FakeWorker` per bundle, started as vLLM starts
+its workers, picks its device as vLLM's worker does and records it (`_start_fake_workers`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -29,6 +29,10 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from framework.cluster.devices import NOSET_VAR
+from framework.cluster.devices import local_ranks
+from framework.cluster.devices import node_gpus
+from framework.cluster.devices import physical_device
 from framework.cluster.placement import ranks_by_node
 from framework.cluster.ports import pick_port
 from framework.engine import fake_engine
@@ -49,8 +53,9 @@ RPC_BASE_VAR = "VLLM_RPC_BASE_PATH"  # vllm/envs.py; vllm/utils/network_utils.py
 
 def devices_seen() -> dict:
     """What this process holds and sees: Ray's GPU ids and CUDA_VISIBLE_DEVICES (None: unset),
-    and its niceness."""
+    its node and its niceness."""
     return {"pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "nice": os.nice(0),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
@@ -141,7 +146,7 @@ class ServerActor:
         use_cache_dir()
         engine.redirect_output(Path(log_path))
         if engine_name == "fake":
-            fake_engine.serve(argv, on_ready=lambda args: self._start_fake_workers(args.port, tag))
+            fake_engine.serve(argv, on_ready=lambda args: self._start_fake_workers(args, tag))
         elif zygote and not serve_process.uses_ray_executor(argv):
             warm.serve_in_zygote(zygote, argv)
         elif fork_start and not serve_process.uses_ray_executor(argv):
@@ -149,35 +154,66 @@ class ServerActor:
         else:
             engine.serve(argv)
 
-    def _start_fake_workers(self, port: int, tag: str) -> None:
-        """As vLLM: world size 1 runs in this process (which holds the GPU); above, one
-        placeholder worker per bundle holds its GPU and this process holds none."""
+    def _start_fake_workers(self, args: argparse.Namespace, tag: str) -> None:
+        """FakeEngine's processes take their devices exactly as vLLM 0.32's would (the fake-GPU
+        contract, cluster/devices.py) and record what they picked in the occupancy log
+        (OCCUPANCY_LOG_ENV): `device` is the physical GPU id a process would compute on,
+        `gpu_ids` what Ray gave it, `cuda_visible_devices` what it sees.
+        - uni executor above world size 1: fails (vLLM's would wait forever);
+        - uni / mp executor: every local rank r runs on this node at
+          `devices.physical_device(r, None, CUDA_VISIBLE_DEVICES)` (this process stands for
+          them; at world size 1 it holds the bundle's GPU, above it holds none, so an mp
+          trial's ranks would take GPUs 0..N-1);
+        - ray executor: one `FakeWorker` per bundle, `num_gpus` its bundle's and
+          RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES set, as vLLM's RayWorkerProc; each reports
+          Ray's ids; this process gives it its local rank and its node's sorted group GPUs, and
+          it computes `physical_device(local rank, those ids, its CUDA_VISIBLE_DEVICES)`, i.e.
+          `sorted(node's group GPUs)[local rank]`, which need not be its own bundle's id."""
         group = ray.util.get_current_placement_group()
-        base = {"t": time.time(), "tag": tag, "port": port, "group": group.id.hex(),
+        world = len(group.bundle_specs)
+        backend = args.distributed_executor_backend or ("ray" if world > 1 else "uni")
+        base = {"t": time.time(), "tag": tag, "port": args.port, "group": group.id.hex(),
                 "in_group": True}
-        me = {**base, **devices_seen(), "role": "api_server", "bundle": 0 if len(
-            group.bundle_specs) == 1 else None, "rank": 0 if len(group.bundle_specs) == 1 else None}
-        if len(group.bundle_specs) == 1:
-            _log_occupancy([me])
+        me = {**base, **devices_seen(), "role": "api_server", "bundle": None, "rank": None,
+              "local_rank": None, "device": None}
+        if backend == "uni" and world > 1:
+            raise RuntimeError(f"the uniprocess executor starts rank 0 alone; it would wait for "
+                               f"the other {world - 1} rank(s) forever")
+        if backend != "ray":
+            ranks = [{**me, "rank": r, "local_rank": r,
+                      "device": physical_device(r, None, me["cuda_visible_devices"])}
+                     for r in range(world)]
+            _log_occupancy([{**ranks[0], "bundle": 0}] if world == 1 else
+                           [me] + [{**r, "role": "worker"} for r in ranks])
             return
         self._workers = []
         for index, bundle in enumerate(group.bundle_specs):
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
             self._workers.append(FakeWorker.options(  # type: ignore[attr-defined]  # @ray.remote: an ActorClass
-                num_cpus=0, num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy).remote())
+                num_cpus=0, num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy,
+                runtime_env={"env_vars": {NOSET_VAR: "1"}}).remote())
         claims = ray.get([w.claim.remote() for w in self._workers], timeout=300)
-        ranks = ranks_by_node([c["node_id"] for c in claims],
-                              ray.get_runtime_context().get_node_id())
-        _log_occupancy([me] + [{**base, **c, "role": "worker", "bundle": i, "rank": ranks[i],
-                                "in_group": c["group"] == base["group"]}
+        nodes, gpus = [c["node_id"] for c in claims], [c["gpu_ids"] for c in claims]
+        driver = ray.get_runtime_context().get_node_id()
+        rank, local = ranks_by_node(nodes, driver), local_ranks(nodes, driver)
+        picked = ray.get([w.initialize.remote(local[i], node_gpus(nodes, gpus, nodes[i]))
+                          for i, w in enumerate(self._workers)], timeout=300)
+        _log_occupancy([me] + [{**base, **c, **picked[i], "role": "worker", "bundle": i,
+                                "rank": rank[i], "in_group": c["group"] == base["group"]}
                                for i, c in enumerate(claims)])
 
 
 @ray.remote(num_cpus=0)
 class FakeWorker:
-    """FakeEngine's stand-in for a vLLM worker: reports where it landed and what it holds."""
+    """FakeEngine's stand-in for vLLM's RayWorkerProc: reports where it landed and what Ray gave
+    it (`claim`, as `get_node_and_physical_gpu_ids`), then picks its device from its local rank
+    and its node's assigned ids (`initialize`, as `initialize_worker` and `init_device`)."""
 
     def claim(self) -> dict:
         current = ray.util.get_current_placement_group()
-        return {**devices_seen(), "node_id": ray.get_runtime_context().get_node_id(),
-                "group": current.id.hex() if current is not None else ""}
+        return {**devices_seen(), "group": current.id.hex() if current is not None else ""}
+
+    def initialize(self, local_rank: int, assigned: list[int]) -> dict:
+        return {"local_rank": local_rank, "assigned": list(assigned),
+                "device": physical_device(local_rank, assigned,
+                                          os.environ.get("CUDA_VISIBLE_DEVICES"))}

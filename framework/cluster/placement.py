@@ -49,7 +49,10 @@ def executor_problem(backend: str | None, shape: Shape, data_parallel: int = 1) 
       vLLM's mp workers take physical GPUs 0..N-1, those of other trials;
     - ray at TP x PP = 1: the actor holds the bundle's only GPU (launcher.launch) and vLLM's
       Ray worker asks for a GPU in that same bundle: it never starts;
-    - data-parallel-size > 1: the group has TP x PP bundles, one replica's (`bundles`)."""
+    - uni at TP x PP > 1: vLLM's uniprocess executor starts rank 0 alone, which waits for the
+      other ranks of its process group forever;
+    - data-parallel-size > 1: the group has TP x PP bundles, one replica's (`bundles`).
+    cluster/devices.py `problems` shows what each refused layout would do (#32)."""
     world = shape.world_size
     if data_parallel > 1:
         return (f"data-parallel-size {data_parallel} is not supported yet: a trial's placement "
@@ -59,6 +62,10 @@ def executor_problem(backend: str | None, shape: Shape, data_parallel: int = 1) 
                 f"physical GPUs 0..{world - 1}, other trials' (the server actor holds no GPU and "
                 "CUDA_VISIBLE_DEVICES is unset): leave distributed-executor-backend out "
                 "(vllm-sweep sets ray) or set ray")
+    if backend == "uni" and world > 1:
+        return (f"the uni executor at TP {shape.tp} x PP {shape.pp} = {world} starts rank 0 "
+                "alone, which waits for the other ranks forever: leave "
+                "distributed-executor-backend out (vllm-sweep sets ray) or set ray")
     if backend == "ray" and world == 1:
         return ("the ray executor at TP x PP = 1 never starts: the server actor holds the "
                 "bundle's only GPU and vLLM's Ray worker asks for one in that same bundle; "

@@ -17,6 +17,23 @@ Like vLLM, it dies at start-up when --num-gpu-blocks-override x --block-size (16
 one --max-model-len (2048) sequence.
 `on_ready(args)` is called once the server listens (the cluster module uses it to start one
 placeholder worker per placement-group bundle, as vLLM's Ray executor would).
+
+The fake-GPU contract (#32): besides its server, FakeEngine fakes vLLM 0.32's device mechanics,
+so that tests on fake GPUs fail where real GPUs would. Its placeholder processes pick their
+device exactly as vLLM's do and record what they picked (`device`, a physical GPU id) in the
+occupancy log (cluster.actors.OCCUPANCY_LOG_ENV), not the id Ray shows in CUDA_VISIBLE_DEVICES:
+- world size 1: the server process computes at local rank 0 on entry 0 of its
+  CUDA_VISIBLE_DEVICES, which Ray sets to the bundle's GPU (the server actor holds it);
+- Ray executor (world size > 1): one worker per bundle, started with
+  RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1 (Ray leaves its CUDA_VISIBLE_DEVICES unset);
+  its rank follows vLLM's bundle order (driver node first, then node id), its local rank is
+  its place among its node's workers in rank order, and it computes on
+  `sorted(GPU ids Ray gave the group's bundles on its node)[local rank]`;
+- mp executor: local ranks 0..N-1 on the server's node with no assigned ids, on GPUs 0..N-1
+  when CUDA_VISIBLE_DEVICES is unset.
+The rules, with the vLLM source they come from, are framework/cluster/devices.py (pure; the
+engine room cannot import it, the cluster room applies them); tests/unit/cluster/test_devices.py
+checks them against vLLM's own code, tests/e2e/test_gpu_devices.py checks the recorded devices.
 """
 
 from __future__ import annotations

@@ -1,17 +1,23 @@
-"""The device contract, proven without a GPU: an emulated 3-node Ray cluster whose two worker
-nodes declare 4 fake GPUs each. Ray assigns GPU ids and sets CUDA_VISIBLE_DEVICES for fake GPUs
-as it does for real ones, so FakeEngine servers and their per-bundle workers (named stand-ins,
-framework/engine/fake_engine.py) record what each process holds and sees, in the occupancy log.
+"""The fake-GPU contract (#32), proven without a GPU: an emulated 3-node Ray cluster whose two
+worker nodes declare 4 fake GPUs each. Ray assigns fake GPU ids, and sets or leaves
+CUDA_VISIBLE_DEVICES, as it does for real ones; FakeEngine's processes (named stand-ins,
+framework/engine/fake_engine.py) pick their device exactly as vLLM 0.32's do
+(framework/cluster/devices.py, checked against vLLM's code in tests/unit/cluster/test_devices.py)
+and record it in the occupancy log.
 
 Across concurrent mixed-shape trials (TP=1, TP=2, TP=2 x PP=2, and TP=4 x PP=2 when both nodes
-are free) the test asserts:
-- each process sees exactly its bundle's device: a world-size-1 server process holds its
-  bundle's GPU (vLLM's uniprocess executor runs the model under it, on `cuda:0` of what it
-  sees); above, every worker holds its bundle's GPU and the API server holds none;
-- no device is seen by two live trials;
+are free) the test asserts vLLM's mechanism, not Ray's CUDA_VISIBLE_DEVICES:
+- world size 1: the server process holds its bundle's GPU, Ray shows it in its
+  CUDA_VISIBLE_DEVICES, and it computes on that GPU (vLLM's uniprocess executor, local rank 0);
+- above: the API server holds no GPU; every worker holds its bundle's GPU, Ray left its
+  CUDA_VISIBLE_DEVICES alone (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES), its rank and
+  local rank are vLLM's, and it computes on `sorted(its node's group GPUs)[local rank]`;
+- no physical GPU is used by two live trials, nor twice in one;
 - the TP ranks of a pipeline stage share a node (ranks in vLLM's order, placement.ranks_by_node);
 - a group is released only after its processes are gone (a poller here watches every recorded
   pid, every 20 ms).
+The layouts vLLM would break this way (mp or uni at TP x PP > 1, ray at TP x PP = 1) are
+refused by `validate`; tests/unit/cluster/test_devices.py shows this contract fails on them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import psutil
 import pytest
 import yaml
 
+from framework.cluster.devices import rank_device
+from framework.cluster.devices import trial_processes
 from tests.helpers import NO_REMEASURE
 from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
@@ -127,8 +135,33 @@ def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path) -> Path:
     return sweep
 
 
+def assert_vllms_devices(number: int, api: dict, holders: list[dict]) -> None:
+    """The devices a trial's processes recorded are the ones vLLM 0.32 would use
+    (cluster/devices.py), and its group's own GPUs."""
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")  # what a process Ray leaves alone sees
+    nodes, gpus = [e["node_id"] for e in holders], [e["gpu_ids"] for e in holders]
+    if len(holders) == 1:
+        e = holders[0]
+        assert e is api, f"trial {number}: a world-size-1 server process must hold its GPU"
+        assert e["cuda_visible_devices"] == e["gpu_ids"][0], e  # Ray set it for the actor
+        assert (e["local_rank"], e["device"]) == (0, int(e["gpu_ids"][0])), e
+        return
+    assert api["gpu_ids"] == [] and api["device"] is None, api
+    assert all(e["role"] == "worker" and e["in_group"] for e in holders), holders
+    expected = {p.rank: p for p in trial_processes(None, nodes, gpus, api["node_id"])}
+    for e in holders:
+        assert e["cuda_visible_devices"] == inherited, f"trial {number}: Ray set it: {e}"
+        p = expected[e["rank"]]
+        assert (e["node_id"], e["local_rank"], e["device"]) == (p.node, p.local_rank, p.device), (
+            f"trial {number}: rank {e['rank']} used {e['device']}, vLLM's rule gives {p}")
+        assert e["device"] == rank_device(e["local_rank"], e["node_id"], nodes, gpus), e
+    used = [(e["node_id"], e["device"]) for e in holders]
+    assert len(set(used)) == len(used), f"trial {number} uses one GPU twice: {used}"
+    assert sorted(used) == sorted((n, int(g[0])) for n, g in zip(nodes, gpus)), used
+
+
 @pytest.mark.timeout(600)
-def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, fake_gpu_cluster):
+def test_every_process_uses_the_device_vllm_would(tiny_model, short_tmp, fake_gpu_cluster):
     address, marker = fake_gpu_cluster
     occupancy = short_tmp / "occupancy.jsonl"
     sweep = write_sweep(short_tmp, tiny_model, address, occupancy)
@@ -142,7 +175,7 @@ def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, f
     assert len(placed) >= 8, trials[["trial_number", "state", "fail_reason", "fail_detail"]]
     released, by_trial = occupancy_events(occupancy)
 
-    held: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
+    held: dict[tuple[str, int], list[tuple[float, float, int]]] = defaultdict(list)
     shapes = set()
     for _, row in placed.iterrows():
         number = int(row["trial_number"])
@@ -155,13 +188,9 @@ def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, f
         assert [e["bundle"] for e in holders] == list(range(tp * pp)), evs
         for e in holders + api:  # at the driver's priority, not Ray workers' niceness 15
             assert e["nice"] == os.nice(0), e
-        for e in holders:  # Ray's id for the bundle's fake GPU, and exactly it is visible
-            assert len(e["gpu_ids"]) == 1 and e["cuda_visible_devices"] == e["gpu_ids"][0], e
-        if tp * pp == 1:
-            assert holders == api, "a world-size-1 server process must hold its bundle's GPU"
-        else:
-            assert api[0]["gpu_ids"] == [], "the API server of a multi-worker trial holds no GPU"
-            assert all(e["role"] == "worker" and e["in_group"] for e in holders)
+        for e in holders:  # Ray gave the bundle one fake GPU
+            assert len(e["gpu_ids"]) == 1, e
+        assert_vllms_devices(number, api[0], holders)
         rank_nodes = {e["rank"]: e["node_ip"] for e in holders}
         for stage in range(pp):
             nodes = {rank_nodes[r] for r in range(stage * tp, (stage + 1) * tp)}
@@ -173,9 +202,9 @@ def test_every_process_sees_exactly_its_bundles_devices(tiny_model, short_tmp, f
                 f"trial {number}: pid {e['pid']} ({e['role']}) still ran "
                 f"{alive - end:.3f} s after its group was released")
         for e in holders:
-            held[(e["node_ip"], e["gpu_ids"][0])].append((e["t"], end, number))
+            held[(e["node_ip"], e["device"])].append((e["t"], end, number))
     assert {(1, 1), (2, 1)} <= shapes and any(pp > 1 and tp > 1 for tp, pp in shapes), shapes
     for device, spans in held.items():
         spans.sort()
         for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
-            assert s1 >= e0, f"device {device} seen by trial {n1} while trial {n0} held it"
+            assert s1 >= e0, f"GPU {device} used by trial {n1} while trial {n0} used it"

@@ -28,6 +28,8 @@ from framework.sweep.cross_checks import parallel_problem
     ("mp", 2, 1, 1, "physical GPUs 0..1"),
     ("mp", 1, 4, 1, "TP 1 x PP 4 = 4 workers would take physical GPUs 0..3"),
     ("ray", 1, 1, 1, "never starts"),
+    ("uni", 2, 1, 1, "starts rank 0 alone"),   # its rank 0 waits for the others forever
+    ("uni", 1, 2, 1, "TP 1 x PP 2 = 2 starts rank 0 alone"),
     (None, 1, 1, 2, "data-parallel-size 2 is not supported yet"),
     ("ray", 2, 1, 4, "data-parallel-size 4"),
 ])
@@ -56,6 +58,7 @@ B, DP, TP, PP = ("distributed-executor-backend", "data-parallel-size", "tensor-p
     # ray fixed, TP searched over 1 and 2: TP 1 fails in every trial
     ({B: ["ray"], TP: [1, 2]}, (TP, 1, "never starts")),
     ({B: ["mp"], PP: [1, 2]}, (PP, 2, "physical GPUs 0..1")),
+    ({B: ["uni"], TP: [2]}, (B, "uni", "starts rank 0 alone")),
     ({B: [None, "ray"], TP: [1]}, (B, "ray", "never starts")),  # None: a `when` leaves it out
 ])
 def test_parallel_problem(values, found):
