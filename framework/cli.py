@@ -98,7 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         sw, secret_env = _run_key(sw, session.is_local, host, args.no_api_key,
                                   lambda line: console.print(line, style="yellow",
                                                              highlight=False, soft_wrap=True))
-        launcher = RayLauncher(env=sweep_mod.server_env(spec), host=host, engine=spec.engine,
+        launcher = RayLauncher(env=sweep_mod.server_env(spec, session.is_local), host=host,
+                               engine=spec.engine,
                                secret_env=secret_env or None,
                                read_ahead=sweep_mod.read_ahead_dir(spec),
                                fork_start=(spec.engine == "gpu" and

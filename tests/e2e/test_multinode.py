@@ -101,3 +101,7 @@ def test_pipeline_stages_span_two_nodes(tiny_model, short_tmp, two_node_cluster)
     # Nor any of the server's files in either node's TMPDIR.
     for node in two_node_cluster.nodes:
         assert vsweep_leftovers(node.folder) == [], node.ip
+    # A joined cluster's servers cache under their node's HOME, not the driver's directory.
+    assert not (short_tmp / ".cache").exists()
+    assert any((node.folder / ".cache" / "vllm-sweep" / "vllm").is_dir()
+               for node in two_node_cluster.nodes)
