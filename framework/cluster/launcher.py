@@ -121,7 +121,9 @@ class RayLauncher:
         env.update(epoch_log_env(env))
         # Ray starts worker processes at niceness 15; a server runs at 0, as `vllm serve` does
         # and as Ray runs its own job supervisor (ray/dashboard/modules/job/job_manager.py).
-        # vLLM's Ray workers, child actors, inherit this runtime_env.
+        # vLLM's Ray workers get this runtime_env too: EngineCore, a new Ray driver, passes the
+        # actor's to its ray.init (vllm/engine/arg_utils.py, create_engine_config; vllm/v1/
+        # executor/ray_utils.py, initialize_ray_cluster), and its workers are that job's actors.
         env[RAY_WORKER_NICENESS] = "0"
         if env.get(CACHE_DIR_VAR, "").startswith("~"):
             env[CACHE_DIR_VAR] = "${HOME}" + env[CACHE_DIR_VAR][1:]
