@@ -12,6 +12,17 @@ stages: the group is laid out in units of TP bundles (`layout`):
 - TP > 1 and PP > 1: each stage is pinned to a node with a `ray.io/node-id` bundle label
   selector, nodes chosen best-fit from the free devices (`assign_units`).
 Bundle 0 also holds the server actor (the API server and engine core), hence its extra CPU.
+
+What this promises pipeline stages (#32 defect 3): they span nodes for lack of room, never by
+request. With TP = 1, Ray's PACK places bundle 0 on the node with the most room free, fills that
+node with every other bundle that fits there, and only the rest go on to other nodes (Ray's
+src/ray/raylet/scheduling/policy/bundle_scheduling_policy.cc, BundlePackSchedulingPolicy, and
+scorer.cc, LeastResourceScorer): a PP = 2 x TP = 1 trial on an idle 2 x 8 cluster runs on one
+node, and spans two only when no node has two GPUs free. With TP > 1, stages go best-fit
+(keeping large holes whole), so they may split between a node with just one stage's room and
+another. Stages within a node are what the user usually wants (NVLink within a node, TCP or EFA
+across); a test of PP across nodes leaves no node room for two stages (tests/reservations.py,
+used by tests/gpu/test_real_gpu.py and tests/e2e/test_gpu_devices.py).
 """
 
 from __future__ import annotations
@@ -142,9 +153,10 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 def layout(wanted: Sequence[Bundle], unit: int, free: Mapping[str, Mapping[str, float]],
            total: Mapping[str, Mapping[str, float]]) -> Layout:
-    """STRICT_PACK for one unit, PACK for units of one bundle, else every stage pinned to a
-    node: chosen from the `free` resources per node if they can take the group now, else from
-    the `total` ones (the group then waits there; the launcher lays it out again later)."""
+    """STRICT_PACK for one unit, PACK for units of one bundle (Ray fills the node it picks
+    first), else every stage pinned to a node: chosen from the `free` resources per node if
+    they can take the group now, else from the `total` ones (the group then waits there; the
+    launcher lays it out again later)."""
     if unit >= len(wanted):
         return Layout("STRICT_PACK")
     if unit == 1:

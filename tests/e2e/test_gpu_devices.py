@@ -40,6 +40,7 @@ from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
 from tests.helpers import occupancy_events
 from tests.helpers import read_trials
+from tests.reservations import gpus_held
 
 pytestmark = pytest.mark.server
 
@@ -113,22 +114,27 @@ def fake_gpu_cluster(short_tmp):
         yield address, marker
 
 
-def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path) -> Path:
-    space = tmp / "space.yaml"
-    space.write_text(yaml.safe_dump({"parameters": {
-        "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4]},
-        "pipeline-parallel-size": {"type": "categorical", "choices": [1, 2]},
-        "max-num-seqs": {"type": "categorical", "choices": [4, 8, 16]},
-    }}))
-    sweep = tmp / "devices.yaml"
+MIXED_SHAPES = {
+    "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4]},
+    "pipeline-parallel-size": {"type": "categorical", "choices": [1, 2]},
+    "max-num-seqs": {"type": "categorical", "choices": [4, 8, 16]},
+}
+
+
+def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path, name: str = "devices",
+                parameters: dict | None = None, n_trials: int = 12) -> Path:
+    space = tmp / f"{name}-space.yaml"
+    space.write_text(yaml.safe_dump({"parameters": parameters or MIXED_SHAPES}))
+    sweep = tmp / f"{name}.yaml"
     sweep.write_text(yaml.safe_dump({
-        "name": "devices", "model": str(model), "search_space": str(space), "engine": "fake",
+        "name": name, "model": str(model), "search_space": str(space), "engine": "fake",
         "server": {"host": "node", "startup_timeout_s": 300, "reuse": False,
                    "env": {"FAKE_ENGINE_STARTUP_S": "2", "FAKE_ENGINE_TTFT_MS": "20",
                            "FAKE_ENGINE_TPOT_MS": "10", "FAKE_ENGINE_OCCUPANCY_LOG": str(occupancy)}},
         "workload": {"num_prompts": 24, "input_len": 16, "output_len": 16, "max_concurrency": 8,
                      "warmup_requests": 0},
-        "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 12, "baseline": False, "seed": 11},
+        "search": {**NO_REMEASURE, "sampler": "random", "n_trials": n_trials, "baseline": False,
+                   "seed": 11},
         "cluster": {"address": address, "cache_dir": str(tmp / "cache")},
         "results_dir": str(tmp / "results"),
     }))
@@ -208,3 +214,32 @@ def test_every_process_uses_the_device_vllm_would(tiny_model, short_tmp, fake_gp
         spans.sort()
         for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
             assert s1 >= e0, f"GPU {device} used by trial {n1} while trial {n0} used it"
+
+
+@pytest.mark.timeout(600)
+def test_pp2_tp1_shares_a_node_with_room_and_spans_nodes_without(tiny_model, short_tmp,
+                                                                  fake_gpu_cluster):
+    """What placement promises a PP = 2 x TP = 1 trial (#32 defect 3; placement.py): PACK, which
+    fills the node Ray picks first, so both stages share a node that has room for them; they
+    span two nodes when no node has (here: every GPU but one of each node held aside, as
+    tests/gpu/test_real_gpu.py's PP-across-nodes test does on real GPUs)."""
+    address, marker = fake_gpu_cluster
+    pp2 = {"pipeline-parallel-size": {"type": "categorical", "choices": [2]}}
+
+    def nodes_of_one_trial(name: str) -> set[str]:
+        occupancy = short_tmp / f"{name}.jsonl"
+        sweep = write_sweep(short_tmp, tiny_model, address, occupancy, name, pp2, n_trials=1)
+        res = cli_joined(["run", str(sweep)], short_tmp, marker, short_tmp)
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+        trials = read_trials(short_tmp / "results", name)
+        assert (trials["state"] == "COMPLETE").all(), trials[["fail_reason", "fail_detail"]]
+        number = int(trials["trial_number"].iloc[0])
+        evs = occupancy_events(occupancy)[1][number]
+        holders = sorted((e for e in evs if e["bundle"] is not None), key=lambda e: e["bundle"])
+        assert_vllms_devices(number, next(e for e in evs if e["role"] == "api_server"), holders)
+        return set(trials["placement"].iloc[0])
+
+    assert len(nodes_of_one_trial("idle")) == 1
+    with gpus_held(address, leave=1) as held:
+        assert held == 2
+        assert len(nodes_of_one_trial("held")) == 2

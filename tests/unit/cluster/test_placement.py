@@ -145,3 +145,29 @@ def test_layout_waits_on_total_resources_when_nothing_is_free():
 ])
 def test_ranks_by_node_follow_vllm_driver_first_then_node_id(bundle_nodes, driver, ranks):
     assert ranks_by_node(bundle_nodes, driver) == ranks
+
+
+
+TWO_BY_EIGHT = {"a": {"GPU": 8.0, "CPU": 8.0}, "b": {"GPU": 8.0, "CPU": 8.0}}
+ONE_FREE_EACH = {"a": {"GPU": 1.0, "CPU": 8.0}, "b": {"GPU": 1.0, "CPU": 8.0}}
+A, B = {NODE_ID_LABEL: "a"}, {NODE_ID_LABEL: "b"}
+
+
+@pytest.mark.parametrize("shape, free, plan", [
+    # #32 defect 3: PP = 2 x TP = 1 is two units of one bundle: PACK, no node named, whatever
+    # is free; Ray fills the node with the most room first, so the stages share a node that
+    # has two GPUs free and span two only when none has (placement's docstring;
+    # tests/e2e/test_gpu_devices.py checks both on a real Ray)
+    (Shape(1, 2), TWO_BY_EIGHT, Layout("PACK")),
+    (Shape(1, 2), {"a": {"GPU": 8.0, "CPU": 8.0}, "b": {"GPU": 1.0, "CPU": 8.0}}, Layout("PACK")),
+    (Shape(1, 2), ONE_FREE_EACH, Layout("PACK")),
+    # the other shapes on the same cluster, for contrast
+    (Shape(2, 1), TWO_BY_EIGHT, Layout("STRICT_PACK")),
+    (Shape(2, 2), TWO_BY_EIGHT, Layout("PACK", (A,) * 4)),       # best fit: both stages on a
+    (Shape(8, 2), TWO_BY_EIGHT, Layout("PACK", (A,) * 8 + (B,) * 8)),  # one stage per node
+    (Shape(2, 2), ONE_FREE_EACH, Layout("PACK", (A,) * 4)),      # waits on a (total resources)
+])
+def test_layouts_on_two_nodes_of_8(shape, free, plan):
+    wanted, unit = bundles(shape, "gpu", 1), node_unit(shape)
+    assert fits(wanted, list(TWO_BY_EIGHT.values()), unit)
+    assert layout(wanted, unit, free, TWO_BY_EIGHT) == plan
