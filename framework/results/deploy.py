@@ -11,18 +11,27 @@ from its flags, cost per million output tokens from that measurement's output_th
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from framework.base.errors import ConfigError
 from framework.config.specs import SweepSpec
+from framework.engine.memory_model import GIB
+from framework.engine.memory_model import read_model_facts
+from framework.engine.memory_model import weight_bytes_per_gpu
 from framework.engine.server_args import flag_args
 from framework.fleet.columns import Sizing
 from framework.fleet.columns import Target
 from framework.fleet.manifests import Deployment
+from framework.fleet.manifests import ModelSource
+from framework.fleet.manifests import PodSize
+from framework.fleet.manifests import pod_size
 from framework.fleet.prices import Price
 from framework.results.decision import FleetAnswer
 from framework.results.decision import device_of
@@ -124,11 +133,56 @@ def served_name(s: Shipped) -> str:
     return s.model.rstrip("/").rsplit("/", 1)[-1] if s.model.startswith("/") else s.model
 
 
-def deployment(s: Shipped, image: str) -> Deployment:
-    """What the deployment files of fleet.manifests need."""
+def deployment(s: Shipped, image: str, *, source: ModelSource | None = None,
+               api_key_secret: str | None = None, env: dict[str, str] | None = None,
+               size: PodSize | None = None) -> Deployment:
+    """What the deployment files of fleet.manifests need (the keyword arguments: Kubernetes'
+    alone, fleet.manifests.Deployment)."""
     return Deployment(name=s.sweep, model=s.model, served_name=served_name(s), flags=s.flags,
                       argv=(s.model, *flag_args(s.flags)), engine=s.engine, gpu=s.gpu, tp=s.tp,
-                      pp=s.pp, replicas=s.fleet.replicas if s.fleet else None, image=image)
+                      pp=s.pp, replicas=s.fleet.replicas if s.fleet else None, image=image,
+                      source=source, api_key_secret=api_key_secret, env=env or {}, size=size)
+
+
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")  # the first that matches is the checkpoint
+_CORES = re.compile(r"^cpu: .* x (\d+)$")
+
+
+def weights_bytes(model: Path, flags: dict[str, Any] | None = None) -> int | None:
+    """The model's weights in bytes: its folder's checkpoint files (safetensors, else .bin,
+    else .pt), else the memory model's estimate from config.json (a folder of config alone,
+    e.g. a dummy-weights sweep's) at the flags' quantization and dtype, else None."""
+    for pattern in WEIGHT_GLOBS:
+        files = [f for f in model.glob(pattern) if f.is_file()] if model.is_dir() else []
+        if files:
+            return sum(f.stat().st_size for f in files)
+    flags = flags or {}
+    try:
+        facts = read_model_facts(model)
+    except (ConfigError, OSError, ValueError):
+        return None
+    quantization = flags.get("quantization")
+    return int(weight_bytes_per_gpu(facts, 1, 1, None if quantization is None else str(quantization),
+                                    str(flags.get("dtype") or "auto")))
+
+
+def node_cpus(hardware: str | None) -> int | None:
+    """The logical cores of a CPU sweep's node, from the rows' `hardware` ("cpu: <model name>
+    x <cores>", results.provenance), else None."""
+    m = _CORES.match(hardware or "")
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else None
+
+
+def size_of(s: Shipped, weights: int | None, *, kv_space_gib: float = 0.0,
+            from_hub: bool = False) -> PodSize:
+    """One Kubernetes replica of `s` (fleet.manifests.pod_size): `weights` in bytes; the CPU
+    engine's KV cache is `kv_space_gib` (VLLM_CPU_KVCACHE_SPACE) per worker; a model `from_hub`
+    is downloaded into HOME, whose size grows by the weights."""
+    workers = s.tp * s.pp
+    kv = int(kv_space_gib * GIB) * workers if s.engine == "cpu" else 0
+    return pod_size(s.engine, workers, weights_bytes=weights, kv_cache_bytes=kv,
+                    node_cpus=node_cpus(s.hardware),
+                    download_bytes=(weights or 0) if from_hub else 0)
 
 
 def _finite(x: float | None) -> float | None:

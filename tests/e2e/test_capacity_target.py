@@ -131,5 +131,9 @@ def check_exports(sweep: Path, trials: pd.DataFrame, tmp: Path, model: str, spec
     for manifest in (deployment, service):
         kubernetes_validate.validate(manifest, "1.33.0", strict=True)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert deployment["spec"]["replicas"] == replicas and "resources" not in container  # CPU
-    assert container["args"][:1] == [model] and "--max-model-len" in container["args"]
+    assert deployment["spec"]["replicas"] == replicas
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]  # CPU: vLLM's CPU image
+    assert container["image"].startswith("vllm/vllm-openai-cpu:v")
+    # the local model on the default claim (framework/fleet/manifests.py, model_source)
+    assert container["args"][:1] == [f"/models/{Path(model).name}"]
+    assert "--max-model-len" in container["args"]

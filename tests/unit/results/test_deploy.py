@@ -16,12 +16,16 @@ from framework.base.errors import ConfigError
 from framework.cluster.serve_llm import check_ray_serve_config
 from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
+from framework.engine.memory_model import read_model_facts
+from framework.engine.memory_model import weight_bytes_per_gpu
 from framework.fleet.manifests import Deployment
 from framework.fleet.manifests import dns_name
 from framework.fleet.manifests import engine_kwargs
 from framework.fleet.manifests import k8s_manifests
 from framework.fleet.manifests import ray_serve_app
 from framework.fleet.prices import PRICES
+from framework.results.deploy import node_cpus
+from framework.results.deploy import weights_bytes
 from framework.results.rows import TrialContext
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
@@ -105,12 +109,13 @@ def test_ray_serve_app(engine, gpu, replicas, accel):
 
 
 @pytest.mark.parametrize("engine, tp, pp, replicas, gpus", [
-    ("gpu", 1, 1, 4, 1),
-    ("gpu", 2, 2, 3, 4),      # limits = TP x PP
+    ("gpu", 1, 1, 4, "1"),
+    ("gpu", 2, 2, 3, "4"),      # limits = TP x PP
     ("cpu", 1, 1, None, None),  # no GPU limit on CPU; no fleet: 1 replica
     ("cpu", 2, 1, 2, None),
 ])
 def test_k8s_manifests_are_valid_kubernetes(engine, tp, pp, replicas, gpus):
+    # the builders one by one: tests/unit/fleet/test_k8s_manifests.py
     deployment, service = k8s_manifests(plan(engine, "H100-80GB", tp, pp, replicas))
     for doc in (deployment, service):  # raises kubernetes_validate.ValidationError when not
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -118,10 +123,12 @@ def test_k8s_manifests_are_valid_kubernetes(engine, tp, pp, replicas, gpus):
     pod = deployment["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["command"] == ["vllm", "serve"]
-    assert c["args"] == ["/models/llama", "--max-num-seqs", "16", "--port", "8000"]
+    # the model folder on the default claim, served under the name clients sent the sweep
+    assert c["args"] == ["/models/llama", "--max-num-seqs", "16", "--served-model-name", "llama",
+                         "--port", "8000"]
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
-    assert c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == gpus
-    assert ("volumes" in pod) == (tp * pp > 1)  # /dev/shm in memory for several workers
+    assert c["resources"]["limits"].get("nvidia.com/gpu") == gpus
+    assert {v["name"] for v in pod["volumes"]} == {"shm", "home", "tmp", "model"}
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
@@ -152,11 +159,12 @@ def test_ray_serve_llm_rejects_a_broken_config(change, reason):
 
 # --- the commands on stored rows -------------------------------------------------------------
 
-def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str, capacities: list[float],
-                   tok_s: float, workload_digest: str = "w" * 64,
-                   target: float | None = TARGET_RPS) -> Path:
-    """A stored GPU sweep in capacity mode: trial 0 the defaults, then one trial per further
-    capacity; one server each (no noise measured), so the defaults ship."""
+def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str | None,
+                   capacities: list[float], tok_s: float, workload_digest: str = "w" * 64,
+                   target: float | None = TARGET_RPS, server: dict | None = None) -> Path:
+    """A stored sweep in capacity mode, on `gpu` (None: the CPU engine, on a 16-core node):
+    trial 0 the defaults, then one trial per further capacity; one server each (no noise
+    measured), so the defaults ship."""
     space = load_search_space(ROOT / "search_spaces" / "tiny_cpu.yaml")
     columns = trial_columns(space, (50, 99))
     store = ResultStore(tmp / "results", name)
@@ -168,12 +176,15 @@ def capacity_sweep(tmp: Path, tiny_model: Path, name: str, gpu: str, capacities:
         ctx = TrialContext(number=number, params=params, is_baseline=number == 0,
                            serve_command=f"vllm serve m --trial {number}", vllm_version="0.32.0",
                            server_log="", provenance={
-                               "hardware": f"gpu: 8 x {gpu}", "model_config_sha256": "m" * 64,
+                               "hardware": f"gpu: 8 x {gpu}" if gpu else "cpu: Test CPU x 16",
+                               "model_config_sha256": "m" * 64,
                                "workload_sha256": workload_digest})
         store.write_trial(trial_row(ctx, outcome, Verdict(capacity, True, {}, ()), columns), columns)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
-        "name": name, "model": str(tiny_model), "engine": "gpu", "gpu": gpu,
+        "name": name, "model": str(tiny_model),
+        **({"engine": "gpu", "gpu": gpu} if gpu else {"engine": "cpu"}),
+        **({"server": server} if server else {}),
         "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
         "workload": {"percentiles": [50, 99]}, "search": {"n_trials": 10},
         "sla": {"p99_ttft_ms": 500},
@@ -254,6 +265,151 @@ def test_export_json_carries_the_fleet(tmp_path, tiny_model):
     assert doc["fleet"]["cost_per_hour"] == pytest.approx(cost)
     assert doc["serve_argv"][:3] == ["vllm", "serve", str(tiny_model)]
 
+
+
+# --- export --format k8s on stored rows (#33 item 8) ---------------------------------------------
+
+def k8s_export(sweep: Path, *args: str) -> tuple[str, dict, dict]:
+    """The file's text, its Deployment's pod spec and its container, each manifest validated."""
+    res = cli_in_process("export", str(sweep), "--format", "k8s", *args)
+    assert res.returncode == 0, res.stderr
+    deployment, service = yaml.safe_load_all(res.stdout)
+    for doc in (deployment, service):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    return res.stdout, pod, pod["containers"][0]
+
+
+def env_of(container: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def weights_of(model: Path) -> int:
+    return sum(f.stat().st_size for f in model.glob("*.safetensors"))
+
+
+def test_export_k8s_of_a_gpu_sweep(tmp_path, tiny_model):
+    sweep = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0, 12.0], 1000.0)
+    text, pod, c = k8s_export(sweep)
+    assert text.startswith("# vllm-sweep export h100: trial 0 (")
+    assert "# PersistentVolumeClaim vllm-models holding the model (folder tiny-llama/" in text
+    assert c["image"] == "vllm/vllm-openai:v0.32.0"  # the rows' vLLM, pinned
+    # a local model: the default claim, read-only, the folder inside it, served under its name
+    assert c["args"][:1] == ["/models/tiny-llama"]
+    assert c["args"][-4:] == ["--served-model-name", "tiny-llama", "--port", "8000"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "vllm-models",
+                                                       "readOnly": True}} in pod["volumes"]
+    env = env_of(c)
+    assert "VLLM_API_KEY" not in env and "HF_TOKEN" not in env  # the sweep ran without a key
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1"
+    # 1 GPU: 2 x (2 + 1) vCPUs; memory = weights + 3 GiB x 3 processes + 2 GiB of /dev/shm
+    memory = math.ceil((weights_of(tiny_model) + 11 * 2**30) / 2**30)
+    assert c["resources"]["limits"] == c["resources"]["requests"] == {
+        "cpu": "6", "memory": f"{memory}Gi", "ephemeral-storage": "15Gi", "nvidia.com/gpu": "1"}
+    replicas, _ = fleet(TARGET_RPS, 10.0, H100_HOUR)
+    assert yaml.safe_load_all(text).__next__()["spec"]["replicas"] == replicas
+
+
+def test_export_k8s_of_a_cpu_sweep(tmp_path, tiny_model):
+    sweep = capacity_sweep(tmp_path, tiny_model, "cpu", None, [2.0, 1.5], 100.0, target=None,
+                           server={"env": {"OMP_PROC_BIND": "close"}})
+    _, pod, c = k8s_export(sweep)
+    assert c["image"] == "vllm/vllm-openai-cpu:v0.32.0-x86_64"  # vLLM's CPU image, not CUDA's
+    assert pod["nodeSelector"] == {"kubernetes.io/arch": "amd64"} and "tolerations" not in pod
+    env = env_of(c)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["OMP_PROC_BIND"] == "close"
+    # the node's 16 cores; memory = weights + 1 GiB of KV cache + 3 x 3 GiB + 2 GiB of /dev/shm
+    memory = math.ceil((weights_of(tiny_model) + 12 * 2**30) / 2**30)
+    assert c["resources"]["limits"] == {"cpu": "16", "memory": f"{memory}Gi",
+                                        "ephemeral-storage": "15Gi"}
+
+
+def test_export_k8s_api_key_by_reference(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("SWEEP_KEY", "planted-key-value-1234")
+    sweep = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0], 1000.0,
+                           server={"api_key_env": "SWEEP_KEY"})
+    text, _, c = k8s_export(sweep)
+    assert env_of(c)["VLLM_API_KEY"] == {"secretKeyRef": {"name": "vllm-api-key",
+                                                          "key": "api-key"}}
+    assert "kubectl create secret generic vllm-api-key" in text
+    assert "planted-key-value-1234" not in text
+    _, _, c = k8s_export(sweep, "--api-key-secret", "team.key")
+    assert env_of(c)["VLLM_API_KEY"]["secretKeyRef"]["name"] == "team.key"
+    # a sweep without a key gets one when a Secret is named
+    plain = capacity_sweep(tmp_path, tiny_model, "plain", "H100-80GB", [10.0], 1000.0)
+    _, _, c = k8s_export(plain, "--api-key-secret", "vllm-api-key")
+    assert "VLLM_API_KEY" in env_of(c)
+
+
+def test_export_k8s_model_sources(tmp_path, tiny_model):
+    sweep = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0], 1000.0)
+    text, pod, c = k8s_export(sweep, "--model-id", "meta-llama/Llama-3.2-1B",
+                              "--hf-token-secret", "hf")
+    assert c["args"][0] == "meta-llama/Llama-3.2-1B" and "--served-model-name" not in c["args"]
+    env = env_of(c)
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}
+    assert "HF_HUB_OFFLINE" not in env and "model" not in {v["name"] for v in pod["volumes"]}
+    home = next(v for v in pod["volumes"] if v["name"] == "home")  # the download lands in HOME
+    assert home["emptyDir"]["sizeLimit"] == f"{math.ceil(10 + weights_of(tiny_model) / 2**30)}Gi"
+    assert "from the Hugging Face hub" in text
+    _, pod, c = k8s_export(sweep, "--model-volume", "weights:team/tiny")
+    assert c["args"][0] == "/models/team/tiny"
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights",
+                                                       "readOnly": True}} in pod["volumes"]
+
+
+def test_export_k8s_from_a_results_directory(tmp_path, tiny_model, monkeypatch):
+    # A sweep whose model path is relative, exported through its results directory from
+    # elsewhere: the model is read where the sweep ran (origin.json), its weights counted.
+    (tmp_path / "models").symlink_to(tiny_model.parent)
+    sweep = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0], 1000.0)
+    sweep.write_text(sweep.read_text().replace(str(tiny_model), f"models/{tiny_model.name}"))
+    monkeypatch.chdir(tmp_path)
+    ResultStore(tmp_path / "results", "h100").write_origin(sweep)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    _, _, c = k8s_export(tmp_path / "results" / "h100")
+    assert c["args"][0] == f"/models/{tiny_model.name}"
+    memory = math.ceil((weights_of(tiny_model) + 11 * 2**30) / 2**30)
+    assert c["resources"]["limits"]["memory"] == f"{memory}Gi"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--image", "vllm/vllm-openai:latest"], "--image: 'vllm/vllm-openai:latest': :latest is not pinned"),
+    (["--image", "vllm/vllm-openai"], "no tag: it means :latest"),
+    (["--model-volume", "Bad_Claim"], "--model-volume: 'Bad_Claim': a Kubernetes object name"),
+    (["--model-volume", "c:../up"], "relative, without '..'"),
+    (["--model-id", "a/b", "--model-volume", "c"], "not both"),
+    (["--model-id", "not a repo"], "a Hugging Face hub id"),
+    (["--api-key-secret", "Key"], "--api-key-secret: 'Key': a Kubernetes object name"),
+])
+def test_export_k8s_refuses(tmp_path, tiny_model, args, message):
+    sweep = capacity_sweep(tmp_path, tiny_model, "h100", "H100-80GB", [10.0], 1000.0)
+    res = cli_in_process("export", str(sweep), "--format", "k8s", *args)
+    assert res.returncode == 2 and res.stdout == ""
+    assert message in res.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("hardware, cores", [
+    ("cpu: Intel(R) Xeon(R) Platinum 8488C x 16", 16),
+    ("cpu: AMD EPYC 9R14 96-Core Processor x 192", 192),
+    ("cpu: unknown CPU x 0", None),
+    ("gpu: 8 x H100", None),
+    (None, None),
+])
+def test_node_cpus(hardware, cores):
+    assert node_cpus(hardware) == cores
+
+
+def test_weights_bytes(tmp_path, tiny_model):
+    assert weights_bytes(tiny_model) == weights_of(tiny_model)  # the checkpoint files
+    config_only = tmp_path / "m"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((tiny_model / "config.json").read_text())
+    facts = read_model_facts(config_only)
+    assert weights_bytes(config_only) == int(weight_bytes_per_gpu(facts, 1, 1))  # estimated
+    assert weights_bytes(tmp_path / "absent") is None
 
 
 def test_export_ships_what_best_ships(tmp_path, tiny_model):
