@@ -106,11 +106,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                                            "fork_start" in spec.server.startup_levers),
                                warm_start=(spec.engine in ("cpu", "gpu") and
                                            "warm_start" in spec.server.startup_levers))
-        runner = Runner(sw, launcher, console)
-        target = max(runner.tuner.finished(), spec.search.n_trials)
-        if args.add_trials:
-            target = runner.tuner.finished() + args.add_trials
         try:
+            left = launcher.clean_stale(driver.stale_session)
+            if left:
+                console.print(f"removed {len(left)} temp folder(s) left by runs that died: "
+                              f"{', '.join(left)}", highlight=False, soft_wrap=True)
+            runner = Runner(sw, launcher, console)
+            target = max(runner.tuner.finished(), spec.search.n_trials)
+            if args.add_trials:
+                target = runner.tuner.finished() + args.add_trials
             runner.run(target)
         finally:
             launcher.close()
@@ -317,7 +321,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             launcher = RayLauncher(env=sweep_mod.server_env(spec, session.is_local), host=host,
                                    engine=spec.engine, placement_timeout_s=300.0,
                                    secret_env=secret_env or None)
-            checks = doctor.run(sw, session.is_local, host, launcher, probe_all_nodes, say)
+            try:
+                checks = doctor.run(sw, session.is_local, host, launcher, probe_all_nodes, say)
+            finally:
+                launcher.close()  # the run folder on each node it used
     finally:
         os.environ.pop(SESSION_VAR, None)
     console.print(doctor.table(checks))

@@ -111,20 +111,27 @@ def new_engine_core(marker: str, before: set[int], timeout_s: float) -> bool:
 
 def vsweep_leftovers(tmp: Path) -> list[str]:
     """What vllm-sweep's processes left in the temp dir `tmp` (cli_env's TMPDIR) after a run:
-    every `vsweep-*` entry and file in `vsweep-logs/` but the folder itself."""
-    return sorted(p.name for p in [*tmp.glob("vsweep-*"), *tmp.glob("vsweep-logs/*")]
-                  if p.name != "vsweep-logs")
+    every `vsweep-*` entry (a run folder, `vsweep-<uid>-<run>`, framework/engine/run_folder.py,
+    or a name of older versions) and what a run folder holds, relative to `tmp`."""
+    return sorted(p.relative_to(tmp).as_posix()
+                  for p in [*tmp.glob("vsweep-*"), *tmp.glob("vsweep-*/*")])
 
 
 VLLM_IPC_FILE = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}|vllm_dist_[0-9a-f]{32}")
+# torch inductor's default cache (`<temp dir>/torchinductor_<user>`) and what gcc leaves of a
+# compile it did not finish (cc*.o, cc*.s): a server's TMPDIR is its private folder
+# (cluster.actors.private_tmp) and inductor's cache the node's cache dir (use_cache_dir)
+COMPILER_FILE = re.compile(r"torchinductor_.*|cc\w{6}\.(o|s|res|c|i|ii)")
 SHM = Path("/dev/shm")
 
 
 def vllm_leftovers(tmp: Path) -> list[str]:
     """What vLLM's processes left in the temp dir `tmp`: ZeroMQ `ipc://` sockets (uuid4 names,
-    vllm/utils/network_utils.py get_open_zmq_ipc_path) and FileStore files (`vllm_dist_<hex>`,
-    get_file_store_init_method); a server's own folder of them is one of `vsweep_leftovers`."""
-    return sorted(p.name for p in tmp.glob("*") if VLLM_IPC_FILE.fullmatch(p.name))
+    vllm/utils/network_utils.py get_open_zmq_ipc_path), FileStore files (`vllm_dist_<hex>`,
+    get_file_store_init_method), torch inductor's cache and compilers' files (COMPILER_FILE);
+    a server's own folder of them is one of `vsweep_leftovers`."""
+    return sorted(p.name for p in tmp.glob("*")
+                  if VLLM_IPC_FILE.fullmatch(p.name) or COMPILER_FILE.fullmatch(p.name))
 
 
 def shared_memory() -> set[str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from framework.base.errors import TrialError
 from framework.cluster.devices import NOSET_VAR
 from framework.cluster.devices import local_ranks
 from framework.cluster.devices import node_gpus
@@ -36,6 +37,7 @@ from framework.cluster.devices import physical_device
 from framework.cluster.placement import ranks_by_node
 from framework.cluster.ports import pick_port
 from framework.engine import fake_engine
+from framework.engine import run_folder
 from framework.engine import serve_process
 from framework.engine import vllm_server as engine
 from framework.engine import zygote as warm
@@ -49,6 +51,9 @@ OCCUPANCY_LOG_ENV = "FAKE_ENGINE_OCCUPANCY_LOG"
 # The server's node-local cache directory (sweep.cache_dir); `~` is expanded on the node.
 CACHE_DIR_VAR = "VLLM_SWEEP_CACHE_DIR"
 RPC_BASE_VAR = "VLLM_RPC_BASE_PATH"  # vllm/envs.py; vllm/utils/network_utils.py get_open_zmq_ipc_path
+# torch/_inductor/runtime/cache_dir_utils.py cache_dir(); its default is
+# `<temp dir>/torchinductor_<user>`, a name any local user can make first
+INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def devices_seen() -> dict:
@@ -67,21 +72,36 @@ def _log_occupancy(events: list[dict]) -> None:
             fh.write("".join(json.dumps(e) + "\n" for e in events))
 
 
-def rpc_dir(pid: int) -> str:
-    """The folder of the server actor `pid`'s vLLM IPC sockets (RPC_BASE_VAR; not set for
-    vLLM's Ray executor): ZeroMQ `ipc://` paths are files, which a killed server leaves
-    behind; its stop removes the folder."""
-    return str(Path(tempfile.gettempdir()) / f"vsweep-rpc-{pid}")
+def server_folder() -> Path:
+    """A new private folder for this server actor's files on its node, `s<pid>-<random>` in
+    the run folder (engine.run_folder: made or verified, 0700, ours): its log, control socket,
+    vLLM's IPC sockets, TMPDIR, process-group record. The stop removes it; a TrialError
+    (startup_crash) names the path when the run folder is not safe to use."""
+    try:
+        return run_folder.new_dir(run_folder.this_run(), f"s{os.getpid()}-")
+    except OSError as exc:
+        raise TrialError("startup_crash", f"run folder: {exc}") from None
 
 
-def rpc_base(argv: list[str], environ: Mapping[str, str], pid: int) -> str | None:
-    """The RPC_BASE_VAR a server actor sets: `rpc_dir(pid)`, unless the environment names one
-    already (server.env) or argv asks for vLLM's Ray executor, which copies vLLM's variables
-    to its workers on every node (vllm/ray/ray_env.py get_env_vars_to_copy), where this node's
-    folder does not exist."""
+def rpc_base(argv: list[str], environ: Mapping[str, str], folder: Path) -> str | None:
+    """The RPC_BASE_VAR a server actor sets: `rpc` in its folder (ZeroMQ `ipc://` paths are
+    files, which a killed server leaves behind; its stop removes the folder), unless the
+    environment names one already (server.env) or argv asks for vLLM's Ray executor: vLLM
+    0.32's (ray_executor_v2.py, `get_driver_env_vars`) hands EngineCore's whole environment to
+    its workers on every node (filling what a worker lacks), where this folder does not
+    exist."""
     if RPC_BASE_VAR in environ or serve_process.uses_ray_executor(argv):
         return None
-    return rpc_dir(pid)
+    return str(folder / "rpc")
+
+
+def private_tmp(argv: list[str], folder: Path) -> str | None:
+    """The TMPDIR of the server's processes: `tmp` in its folder, so what vLLM, torch and the
+    compilers they run put in the temp dir (gcc's cc*.o, Python's tempfiles) is private and
+    goes with the server's stop. None for vLLM's Ray executor, for the reason `rpc_base`
+    gives: a worker on another node would be handed a TMPDIR that does not exist there, or
+    that another user there could make first."""
+    return None if serve_process.uses_ray_executor(argv) else str(folder / "tmp")
 
 
 # Never inherited by a server (a private Ray's workers inherit the driver's environment): the API
@@ -99,7 +119,8 @@ def drop_inherited(environ: MutableMapping[str, str]) -> None:
 
 
 def use_cache_dir() -> None:
-    """Point vLLM's and Hugging Face's caches at this node's cache directory (made if absent)."""
+    """Point vLLM's and Hugging Face's caches at this node's cache directory (made if absent).
+    torch inductor's comes in the runtime_env (cluster.launcher, INDUCTOR_CACHE_VAR)."""
     base = os.environ.get(CACHE_DIR_VAR)
     if not base:
         return
@@ -115,21 +136,23 @@ class ServerActor:
     """Hosts one server. Call `prepare` first, then `serve` (blocks until the server ends)."""
 
     def prepare(self, host: str, taken: list[int]) -> dict:
-        """Pick a free port on this node that no other running trial holds; name the node-local
-        log file and control socket."""
+        """Pick a free port on this node that no other running trial holds; make this server's
+        private folder (`server_folder`, once) and name the node-local log file and control
+        socket in it."""
         node_ip = ray.util.get_node_ip_address()
         port = pick_port(node_ip if host == "node" else host, taken)
-        logs = Path(tempfile.gettempdir()) / "vsweep-logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        if getattr(self, "_folder", None) is None:
+            self._folder = server_folder()
         return {"pid": os.getpid(), "port": port, "node_ip": node_ip,
                 "node_id": ray.get_runtime_context().get_node_id(),
-                "log_path": str(logs / f"server-{os.getpid()}-{port}.log"),
-                "control": socket_path(os.getpid()), "rpc_dir": rpc_dir(os.getpid())}
+                "log_path": str(self._folder / "server.log"),
+                "control": socket_path(self._folder), "folder": str(self._folder)}
 
     def serve(self, argv: list[str], log_path: str, engine_name: str = "cpu",
               secret_env: dict[str, str] | None = None, tag: str = "",
               fork_start: bool = False, zygote: str | None = None) -> None:
-        """`log_path` is node-local (from `prepare`). `secret_env` (e.g. VLLM_API_KEY) arrives
+        """`log_path` is node-local (from `prepare`, in this server's folder; created here, new:
+        run_folder.create). `secret_env` (e.g. VLLM_API_KEY) arrives
         as a call argument, not in the actor's runtime_env, which Ray records in its job and
         actor tables. `fork_start`: vLLM's server runs in a child process so that vLLM forks
         its processes (framework.engine.serve_process), unless it uses vLLM's Ray executor.
@@ -138,17 +161,21 @@ class ServerActor:
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         drop_inherited(os.environ)
         os.environ.update(secret_env or {})
-        os.environ[SOCKET_VAR] = socket_path(os.getpid())
-        base = rpc_base(argv, os.environ, os.getpid())
+        folder = self._folder
+        os.environ[SOCKET_VAR] = socket_path(folder)
+        base = rpc_base(argv, os.environ, folder)
         if base is not None:
-            Path(base).mkdir(mode=0o700, exist_ok=True)
-            os.environ[RPC_BASE_VAR] = base
+            os.environ[RPC_BASE_VAR] = str(run_folder.make_dir(Path(base)))
+        tmp = private_tmp(argv, folder)
+        if tmp is not None:
+            os.environ["TMPDIR"] = str(run_folder.make_dir(Path(tmp)))
+            tempfile.tempdir = None  # this process's own temp files (the in-actor server) too
         use_cache_dir()
         engine.redirect_output(Path(log_path))
         if engine_name == "fake":
             fake_engine.serve(argv, on_ready=lambda args: self._start_fake_workers(args, tag))
         elif zygote and not serve_process.uses_ray_executor(argv):
-            warm.serve_in_zygote(zygote, argv)
+            warm.serve_in_zygote(zygote, argv, warm.group_file(folder))
         elif fork_start and not serve_process.uses_ray_executor(argv):
             serve_process.serve_in_child(argv)
         else:

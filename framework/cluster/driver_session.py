@@ -32,8 +32,8 @@ from typing import Any
 import psutil
 
 from framework.base.errors import ClusterError
+from framework.engine.run_folder import SESSION_VAR  # the run folders' run id too
 
-SESSION_VAR = "VLLM_SWEEP_SESSION"
 LOCK_WAIT_S = 30.0
 
 _held: set[Path] = set()  # lock files this process holds
@@ -102,6 +102,7 @@ class DriverSession:
     state_file: Path
     session_id: str = ""
     reaped_stale: int = 0
+    stale_session: str = ""  # the dead predecessor's session id ('' if none): its run folders
     lock_wait_s: float = LOCK_WAIT_S
     _lock_fd: int | None = field(default=None, init=False, repr=False)
 
@@ -185,7 +186,8 @@ class DriverSession:
             raise self._busy(live)
         state = _read_state(self.state_file)
         if state is not None:
-            self.reaped_stale = reap_session(str(state.get("session", "")), grace_s=0)
+            self.stale_session = str(state.get("session", ""))
+            self.reaped_stale = reap_session(self.stale_session, grace_s=0)
 
     def __exit__(self, *exc: object) -> None:
         try:

@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from framework.base.errors import TrialError
 from framework.cluster.actors import CACHE_DIR_VAR
+from framework.cluster.actors import INDUCTOR_CACHE_VAR
 from framework.cluster.actors import OCCUPANCY_LOG_ENV
 from framework.cluster.actors import ServerActor
 from framework.cluster.driver_session import SESSION_VAR
@@ -35,12 +37,15 @@ from framework.cluster.placement import Bundle
 from framework.cluster.placement import Layout
 from framework.cluster.placement import layout
 from framework.cluster.ports import claim_port
+from framework.cluster.run_cleanup import clean_stale
+from framework.cluster.run_cleanup import remove_runs
 from framework.cluster.server import HeldDevices
 from framework.cluster.server import RayServer
 from framework.cluster.server import Survivors
 from framework.cluster.server import still_running
 from framework.cluster.vllm_plugin import ENV_FLAG
 from framework.cluster.zygote_keeper import Zygotes
+from framework.engine.run_folder import RAY_DIR
 from framework.engine.serve_process import uses_ray_executor
 from framework.engine.vllm_server import epoch_log_env
 
@@ -98,6 +103,10 @@ class RayLauncher:
         self.read_ahead, self.fork_start = read_ahead, fork_start
         self._secret_env = dict(secret_env or {})
         self.placement_timeout_s = placement_timeout_s
+        # the run's id on every node (its run folders, engine.run_folder): the driver's session
+        # (driver_session), or one of the launcher's own when it runs without one
+        self.session = os.environ.get(SESSION_VAR) or uuid.uuid4().hex
+        self._nodes: set[str] = set()  # node ids where this run made its run folder
         self._lock = threading.Lock()
         self._ports: set[tuple[str, int]] = set()
         self._active: dict[int, RayServer] = {}
@@ -114,9 +123,10 @@ class RayLauncher:
 
     def _env_for(self, wanted: Sequence[Bundle]) -> dict[str, str]:
         """The server actor's environment (inherited by vLLM's workers): the sweep's, the
-        session id, vLLM's epoch-stamped log lines (engine.vllm_server.epoch_log_env), and the
-        cache directory with `~` left for each node's $HOME (Ray expands `${HOME}` in
-        runtime_env env_vars on the node)."""
+        session id (the run folders' run id, engine.run_folder), vLLM's epoch-stamped log lines
+        (engine.vllm_server.epoch_log_env), and the cache directory with `~` left for each
+        node's $HOME (Ray expands `${HOME}` in runtime_env env_vars on the node), torch
+        inductor's cache in it."""
         env = {k: v for k, v in self.env.items() if k != "VLLM_TARGET_DEVICE"}
         env.update(epoch_log_env(env))
         # Ray starts worker processes at niceness 15; a server runs at 0, as `vllm serve` does
@@ -127,8 +137,11 @@ class RayLauncher:
         env[RAY_WORKER_NICENESS] = "0"
         if env.get(CACHE_DIR_VAR, "").startswith("~"):
             env[CACHE_DIR_VAR] = "${HOME}" + env[CACHE_DIR_VAR][1:]
-        if os.environ.get(SESSION_VAR):
-            env[SESSION_VAR] = os.environ[SESSION_VAR]
+        # torch inductor's cache beside vLLM's, on every node (Ray expands ${HOME} on each,
+        # and vLLM's Ray workers get this runtime_env too), not in a shared temp dir
+        if env.get(CACHE_DIR_VAR) and INDUCTOR_CACHE_VAR not in env:
+            env[INDUCTOR_CACHE_VAR] = env[CACHE_DIR_VAR].rstrip("/") + "/inductor"
+        env[SESSION_VAR] = self.session
         if len(wanted) > 1 and self.engine == "cpu":  # vLLM's Ray executor on CPU bundles
             env.update({ENV_FLAG: "1", "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1",
                         "OMP_NUM_THREADS": str(int(wanted[0].get("CPU", 1)))})
@@ -211,6 +224,8 @@ class RayLauncher:
         try:
             info = claim_port(self._ports, self._lock, lambda taken: ray.get(
                 actor.prepare.remote(self.host, taken), timeout=300))
+            with self._lock:
+                self._nodes.add(info["node_id"])
             placement = _bundle_nodes(group)
             if self.read_ahead:
                 start_read_ahead(self.read_ahead, info["node_id"])
@@ -228,17 +243,30 @@ class RayLauncher:
                            base_url=f"http://{host}:{info['port']}", node_ip=info["node_ip"],
                            node_id=info["node_id"], pid=info["pid"], port=info["port"],
                            placement=placement, log_path=log_path, node_log=info["log_path"],
-                           control_path=info["control"], rpc_dir=info["rpc_dir"],
+                           control_path=info["control"], folder=info["folder"],
                            _on_stop=self._release, _held=self.devices_held,
                            placed_at=placed_at)
         with self._lock:
             self._active[id(server)] = server
         return server
 
+    def clean_stale(self, dead_session: str = "") -> list[str]:
+        """Before the first trial: on every alive node, end what still carries `dead_session`
+        (a killed driver's, driver_session's `stale_session`) and remove the run folders that
+        runs no longer alive left (cluster.run_cleanup); returns them as `<ip>: <name>`."""
+        return clean_stale(self.session, dead_session)
+
     def close(self) -> None:
-        """End the node zygotes (`warm_start`); servers still running are `stop_all`'s."""
-        if self._zygotes is not None:
-            self._zygotes.close()
+        """End the node zygotes (`warm_start`), then remove this run's folder on every node it
+        used, but a private Ray's (RAY_DIR: RaySession's, once Ray is down); servers still
+        running are `stop_all`'s."""
+        try:
+            if self._zygotes is not None:
+                self._zygotes.close()
+        finally:
+            with self._lock:
+                nodes = set(self._nodes)
+            remove_runs(self.session, nodes, keep=[RAY_DIR])
 
     def stop_all(self) -> None:
         """Stop every server still running and every wait for placement (driver interrupted).

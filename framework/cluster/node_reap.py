@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import ray
 
@@ -30,10 +31,11 @@ SHUTDOWN_GRACE_S = 15.0
 TRACKER_GRACE_S = 5.0
 
 
-def process_tree(pid: int) -> list[int]:
+def process_tree(pid: int, record: Path) -> list[int]:
     """The actor `pid`, its descendants, and the server a zygote forked for it (`warm_start`:
-    the zygote forks and shims of its process group, framework.engine.zygote, with their
-    descendants, e.g. multiprocessing's resource tracker)."""
+    the zygote forks and shims of its process group, recorded in `record`, the server's
+    `group_file`, framework.engine.zygote, with their descendants, e.g. multiprocessing's
+    resource tracker)."""
     import psutil
 
     found: list[int] = []
@@ -42,7 +44,7 @@ def process_tree(pid: int) -> list[int]:
         found = [pid, *(p.pid for p in root.children(recursive=True))]
     except psutil.NoSuchProcess:
         pass
-    group = served_group(pid)
+    group = served_group(record)
     if group is not None:
         for proc in psutil.process_iter():
             try:
@@ -51,7 +53,7 @@ def process_tree(pid: int) -> list[int]:
             except (ProcessLookupError, psutil.Error):
                 pass
         found = list(dict.fromkeys(found))
-        group_file(pid).unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
     return found
 
 
@@ -178,14 +180,16 @@ def _parent(proc) -> int | None:  # noqa: ANN001 - a psutil.Process
         return None
 
 
-def stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float) -> list[int]:
-    """The server actor's tree ended in one task on its node: the tree found while the actor
+def stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float, folder: str) -> list[int]:
+    """The server actor's tree ended in one task on its node (`folder`: the server's own, where
+    its process group is recorded, engine.zygote.group_file): the tree found while the actor
     (pid) still runs, vLLM shut down (`shut_down`, up to SHUTDOWN_GRACE_S), the actor
     killed through Ray (so Ray records an intended death; its raylet SIGKILLs the worker's
     children as it goes, which would leave vLLM's shared memory in /dev/shm), then what is
     left `reap`ed; returns pids still alive."""
-    leader = served_record(pid)
-    tree = process_tree(pid)
+    record = group_file(Path(folder))
+    leader = served_record(record)
+    tree = process_tree(pid, record)
     shut_down(pid, tree, leader, SHUTDOWN_GRACE_S)
     ray.kill(actor, no_restart=True)
     return reap(tree, grace_s)

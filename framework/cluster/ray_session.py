@@ -6,12 +6,15 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
+from ray.job_config import JobConfig
 
 from framework.base.errors import ClusterError
 from framework.cluster.driver_session import SESSION_VAR
 from framework.cluster.driver_session import reap_session
+from framework.engine import run_folder
 
 # A private local Ray's node address: loopback, so nothing it starts listens on the machine's
 # own address. Not 127.0.0.1, which Ray replaces with the machine's address
@@ -23,6 +26,13 @@ LOCAL_NODE_IP = "127.0.0.100"
 class RaySession:
     """Connects to Ray for the sweep: joins `address` (or RAY_ADDRESS) if given, else starts a
     private local Ray in its own temp dir and stops it on close.
+
+    The private Ray's temp dir is RAY_DIR in this node's run folder (engine.run_folder: 0700,
+    ours): Ray makes its own folders mode 0777 (ray/_common/utils.py try_make_directory_shared),
+    which no other user can reach below ours. Without a session id (SESSION_VAR) it is a fresh
+    mkdtemp folder, as before. On close the run folder goes, once Ray and every process of the
+    session are down. The driver's job carries the session id in its metadata, so the next run
+    on the cluster knows this run's folders as alive (cluster.run_cleanup).
 
     Authentication: a private local Ray listens on loopback (LOCAL_NODE_IP) only and runs with
     RAY_AUTH_MODE=disabled unless the caller set a mode. A joined cluster gets the caller's
@@ -38,21 +48,33 @@ class RaySession:
     def is_local(self) -> bool:
         return self.address is None and not os.environ.get("RAY_ADDRESS")
 
+    def _private_temp_dir(self) -> str:
+        session = os.environ.get(SESSION_VAR)
+        if not session:
+            return tempfile.mkdtemp(prefix="vsweep-ray-")
+        try:
+            return str(run_folder.make_dir(run_folder.this_run() / run_folder.RAY_DIR))
+        except OSError as exc:
+            raise ClusterError(f"could not start a local Ray: run folder: {exc}") from None
+
     def __enter__(self) -> RaySession:
+        session = os.environ.get(SESSION_VAR)
+        job = JobConfig(metadata={SESSION_VAR: session}) if session else None
         if self.is_local:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            self._temp_dir = tempfile.mkdtemp(prefix="vsweep-ray-")
+            self._temp_dir = self._private_temp_dir()
             try:
                 ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count(),
                          num_gpus=self.num_gpus, _node_ip_address=LOCAL_NODE_IP,
                          include_dashboard=False, _temp_dir=self._temp_dir, log_to_driver=False,
-                         logging_level="WARNING")
+                         logging_level="WARNING", job_config=job)
             except Exception as exc:  # noqa: BLE001 - any failure to start Ray is the cluster error
+                self._remove_temp_dir()
                 raise ClusterError(f"could not start a local Ray: {exc}") from None
         else:
             try:
                 ray.init(address=self.address or "auto", log_to_driver=False,
-                         logging_level="WARNING")
+                         logging_level="WARNING", job_config=job)
             except Exception as exc:  # noqa: BLE001 - any failure to join Ray is the cluster error
                 raise ClusterError(f"could not join Ray at {self.address or os.environ.get('RAY_ADDRESS')}: "
                                    f"{exc}") from None
@@ -62,4 +84,19 @@ class RaySession:
         ray.shutdown()
         if self._temp_dir:
             reap_session(os.environ.get(SESSION_VAR, ""), grace_s=20.0)
+            self._remove_temp_dir()
+
+    def _remove_temp_dir(self) -> None:
+        """The private Ray's temp dir, and the run folder that holds it (everything of the run
+        on this node: its processes are gone by now)."""
+        assert self._temp_dir is not None
+        folder = Path(self._temp_dir).parent
+        if Path(self._temp_dir).name == run_folder.RAY_DIR and folder.name.startswith(
+                run_folder.folder_prefix()):
+            try:
+                run_folder.remove(folder)
+            except OSError:
+                pass  # no longer ours as made (run_folder.verify): not ours to remove
+        else:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
+        self._temp_dir = None

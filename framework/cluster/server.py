@@ -140,10 +140,12 @@ def _read_tail(path: str, start: int) -> tuple[bytes, int]:
 
 
 def _remove_files(*paths: str) -> None:
-    """Node-local files of a stopped server: its log (copied to the driver), its control
-    socket and its folder of vLLM IPC sockets (a server killed outright cannot remove them)."""
+    """Node-local files of a stopped server: its folder in the run folder (cluster.actors
+    `server_folder`: its log, copied to the driver by then, control socket, vLLM's IPC sockets,
+    TMPDIR, group record), which a server killed outright cannot remove. Never follows a
+    symlink."""
     for path in paths:
-        if Path(path).is_dir():
+        if Path(path).is_dir() and not Path(path).is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             Path(path).unlink(missing_ok=True)
@@ -190,7 +192,7 @@ class RayServer:
     log_path: Path
     node_log: str
     control_path: str
-    rpc_dir: str
+    folder: str  # the server's own folder on its node (cluster.actors.server_folder)
     _on_stop: Callable[[RayServer], None] = field(default=lambda _: None, repr=False)
     _held: Callable[[RayServer], str] = field(default=lambda _: "", repr=False)
     _stopped: bool = field(default=False, repr=False)
@@ -296,7 +298,8 @@ class RayServer:
         members = group_processes(self.group)
         if self.node_ip not in self.lost_nodes():
             try:
-                left = on_node(self.node_id, _stop_tree_remote, self.pid, self.actor, 10.0)
+                left = on_node(self.node_id, _stop_tree_remote, self.pid, self.actor, 10.0,
+                               self.folder)
             except Exception:  # noqa: BLE001 - the node died meanwhile: nothing left to reap
                 left = []
             if left:
@@ -306,8 +309,7 @@ class RayServer:
             self.survivors.setdefault(node_id, []).extend(pids)
         self.fetch_log()
         try:
-            on_node(self.node_id, _remove_files_remote, self.node_log, self.control_path,
-                    self.rpc_dir)
+            on_node(self.node_id, _remove_files_remote, self.folder)
         except Exception:  # noqa: BLE001 - the node died: its temp dir goes with it
             pass
         return sorted({pid for pids in self.survivors.values() for pid in pids})

@@ -3,9 +3,10 @@ actor pinned to the node starts it as its child (argv list) and keeps it until `
 stops it (SIGTERM, then the actor is killed) or the actor dies with the driver; the zygote
 dies with it (PR_SET_PDEATHSIG).
 
-The zygote's folder (socket, shim, log) in the temp dir holds KEEPER_FILE, its keeper's pid.
-A zygote killed outright cannot remove its folder, so each keeper's start removes the folders
-whose keeper is gone (`stale_folders`).
+The zygote's folder (socket, shim, log), new in the run folder (engine.run_folder), holds
+KEEPER_FILE, its keeper's pid. A zygote killed outright cannot remove its folder, so each
+keeper's start removes the run's folders whose keeper is gone (`stale_folders`); those of a
+killed run go with its run folder (cluster.run_cleanup).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from framework.base.errors import TrialError
 from framework.cluster.actors import drop_inherited
 from framework.cluster.actors import use_cache_dir
+from framework.engine import run_folder
 from framework.engine.serve_process import PARENT_VAR
 from framework.engine.zygote import FOLDER_PREFIX
 
@@ -53,15 +54,17 @@ def stale_folders(tmp: Path, alive: Callable[[int], bool]) -> list[Path]:
 @ray.remote(num_cpus=0)
 class ZygoteKeeper:
     def start(self) -> str:
-        """Start the zygote; return its socket path once it is warm (vLLM imported)."""
+        """Start the zygote; return its socket path once it is warm (vLLM imported). Its
+        folder is new in the run folder, and its TMPDIR."""
         use_cache_dir()
-        for stale in stale_folders(Path(tempfile.gettempdir()), psutil.pid_exists):
+        run = run_folder.this_run()
+        for stale in stale_folders(run, psutil.pid_exists):
             shutil.rmtree(stale, ignore_errors=True)
-        folder = self._folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
-        (folder / KEEPER_FILE).write_text(str(os.getpid()), encoding="utf-8")
+        folder = self._folder = run_folder.new_dir(run, FOLDER_PREFIX)
+        run_folder.write_new(folder / KEEPER_FILE, str(os.getpid()))
         path = str(folder / "zygote.sock")
-        log = open(folder / "zygote.log", "ab")  # noqa: SIM115 - the child holds it
-        env = {**os.environ, PARENT_VAR: str(os.getpid())}
+        log = os.fdopen(run_folder.create(folder / "zygote.log", os.O_WRONLY | os.O_APPEND), "ab")
+        env = {**os.environ, PARENT_VAR: str(os.getpid()), "TMPDIR": str(folder)}
         drop_inherited(env)  # each fork takes its server actor's environment; vLLM is imported here
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "framework.engine.zygote", path], stdout=log, stderr=log,

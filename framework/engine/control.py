@@ -1,5 +1,6 @@
-"""A server's control channel: a Unix socket in the node's temp dir, owned by the server
-process, mode 0600. No Ray, no network.
+"""A server's control channel: a Unix socket in the server's folder inside the run folder
+(engine.run_folder: 0700, ours alone), owned by the server process, mode 0600. No Ray, no
+network.
 
 vLLM's own `POST /reset_prefix_cache` is a dev route: it exists only with
 VLLM_SERVER_DEV_MODE=1, which also opens `/collective_rpc`, `/sleep` and `/server_info`
@@ -7,7 +8,9 @@ VLLM_SERVER_DEV_MODE=1, which also opens `/collective_rpc`, `/sleep` and `/serve
 on the network could drive the workers. The server process hosts the engine itself, so it
 resets the cache in-process instead: `ControlServer` answers one-line commands on the socket by
 calling a handler, and the driver reaches the socket through a Ray task on the server's node
-(`cluster`). Only processes of the same user on the same node can connect.
+(`cluster`). Only processes of the same user on the same node can connect. The socket is bound
+where nothing is: a name already taken (a socket or a symlink planted by someone else, an old
+server's) fails the bind, and is never unlinked to make room (issue #33 item 2).
 
 Protocol: the client sends `<command>\\n`; the server answers `ok\\n`, `no\\n` (the handler
 returned False, e.g. vLLM refused the reset while blocks were held) or `error <text>\\n`.
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 import threading
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -26,23 +28,27 @@ from pathlib import Path
 SOCKET_VAR = "VLLM_SWEEP_CONTROL_SOCKET"
 
 
-def socket_path(pid: int) -> str:
-    """Where the server process `pid` listens (the temp dir keeps it under the ~107-byte limit
-    of AF_UNIX paths when TMPDIR is short)."""
-    return str(Path(tempfile.gettempdir()) / f"vsweep-ctl-{pid}.sock")
+def socket_path(folder: Path) -> str:
+    """Where the server whose private folder is `folder` listens (short: AF_UNIX paths end at
+    107 bytes)."""
+    return str(folder / "ctl.sock")
 
 
 class ControlServer:
     """Answers commands on `path` in a daemon thread; `handlers` map a command to a callable
-    returning True (done) or False (refused, retry later)."""
+    returning True (done) or False (refused, retry later). OSError (EADDRINUSE) if something
+    is at `path` already."""
 
     def __init__(self, path: str, handlers: Mapping[str, Callable[[], bool]]) -> None:
         self.path, self.handlers = path, dict(handlers)
-        Path(path).unlink(missing_ok=True)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
             self._sock.bind(path)
+        except OSError as exc:
+            self._sock.close()
+            raise OSError(exc.errno, f"control socket {path}: {exc.strerror}; refused (never "
+                                     "reused)") from None
         finally:
             os.umask(old)
         self._sock.listen(4)

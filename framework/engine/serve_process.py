@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from framework.base.errors import TrialError
+from framework.engine.run_folder import write_new
 
 RESULT_VAR = "VLLM_SWEEP_SERVE_RESULT"
 PARENT_VAR = "VLLM_SWEEP_SERVE_PARENT"
@@ -76,7 +77,9 @@ def failure_of(returncode: int, result: str) -> TrialError | None:
 def serve_with(start: Callable[[dict[str, str]], int]) -> None:
     """Run a server process through `start(env)` (returns its exit code when it has ended),
     with a result file named in `env`; raise the process's TrialError, if any. The file exists
-    only once a failing server wrote it, so an actor killed mid-serve leaves nothing behind."""
+    only once a failing server wrote it, so an actor killed mid-serve leaves nothing behind;
+    it is in the temp dir, which a server actor points at its private folder
+    (cluster.actors.private_tmp), and is made new (O_EXCL|O_NOFOLLOW)."""
     result = Path(tempfile.gettempdir()) / f"vsweep-serve-{uuid.uuid4().hex}.json"
     try:
         returncode = start({**os.environ, RESULT_VAR: str(result)})
@@ -113,8 +116,8 @@ def run(argv: Sequence[str]) -> int:
     try:
         serve(argv)
     except TrialError as exc:
-        Path(os.environ[RESULT_VAR]).write_text(
-            json.dumps({"reason": exc.reason, "detail": exc.detail}), encoding="utf-8")
+        write_new(Path(os.environ[RESULT_VAR]),
+                  json.dumps({"reason": exc.reason, "detail": exc.detail}))
         return FAILED_EXIT
     return 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from framework.base.errors import TrialError
+from framework.engine import run_folder
 from framework.engine.control import serve_from_env
 from framework.engine.startup_log import SERVE_MARK
 
@@ -32,9 +33,10 @@ _CONFIG_ERRORS = ("ValueError", "TypeError", "ValidationError", "NotImplementedE
 
 
 def redirect_output(log_path: Path) -> None:
-    """Point this process's stdout/stderr (fds 1, 2; inherited by vLLM's children) at a file."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    """Point this process's stdout/stderr (fds 1, 2; inherited by vLLM's children) at the new
+    file `log_path` (engine.run_folder.create: O_EXCL|O_NOFOLLOW, mode 0600; a name already
+    taken, a symlink included, is run_folder.UnsafePath naming it)."""
+    fd = run_folder.create(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

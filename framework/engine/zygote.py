@@ -57,6 +57,7 @@ from framework.engine.process_group import end_group
 from framework.engine.process_record import ProcessRecord
 from framework.engine.process_record import read_record
 from framework.engine.process_record import state
+from framework.engine.run_folder import write_new
 from framework.engine.zygote_shim import SHIM_NAME
 from framework.engine.zygote_shim import SOCKET_VAR
 from framework.engine.zygote_shim import read_replies
@@ -64,7 +65,7 @@ from framework.engine.zygote_shim import send_request
 from framework.engine.zygote_shim import traits
 
 MAX_FDS = 64
-FOLDER_PREFIX = "vsweep-zygote-"
+FOLDER_PREFIX = "zygote-"  # a zygote's folder, made in the run folder (engine.run_folder)
 # How long an API server whose requester died may take over vLLM's own shutdown before what is
 # left of its process group is SIGKILLed.
 LIFE_GRACE_S = 10.0
@@ -195,6 +196,7 @@ def _child(req: dict, fds: list[int], close: Sequence[socket.socket], zygote_pat
         os.environ.clear()
         os.environ.update(fork_env(req["env"], imported))
         os.environ[SOCKET_VAR] = zygote_path
+        tempfile.tempdir = None  # the requester's TMPDIR (its server's folder), not the zygote's
         os.chdir(req["cwd"])
         _take_traits(req)
         _watch_life(life, whole_group=req["kind"] == "serve")
@@ -325,9 +327,10 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
             conn.close()
 
 
-def group_file(actor_pid: int) -> Path:
-    """Where a server actor records its warm-started server's process group (node-local)."""
-    return Path(tempfile.gettempdir()) / "vsweep-logs" / f"served-group-{actor_pid}"
+def group_file(folder: Path) -> Path:
+    """Where a server actor records its warm-started server's process group: in the server's
+    private folder `folder` (engine.run_folder), read by the stop's task on the node."""
+    return folder / "served-group"
 
 
 def is_zygote_process(cmdline: Sequence[str]) -> bool:
@@ -340,36 +343,38 @@ def is_zygote_process(cmdline: Sequence[str]) -> bool:
             or any(arg.endswith(SHIM_NAME) for arg in cmdline))
 
 
-def record_served(actor_pid: int, leader: int) -> None:
-    """Record in `group_file` the API server `leader` (its group's leader) as it runs now: pid,
-    start time and command line (engine.process_record); nothing if it is gone already."""
+def record_served(record: Path, leader: int) -> None:
+    """Record in the new file `record` (a `group_file`; O_EXCL, run_folder.write_new) the API
+    server `leader` (its group's leader) as it runs now: pid, start time and command line
+    (engine.process_record); nothing if it is gone already."""
     found = read_record(leader)
     if found is not None:
-        group_file(actor_pid).write_text(found.to_json(), encoding="utf-8")
+        write_new(record, found.to_json())
 
 
-def served_record(actor_pid: int) -> ProcessRecord | None:
-    """The recorded leader of the server `actor_pid` had the zygote fork, if any (a file in
-    another format, e.g. a bare pid, is no record: it cannot be verified)."""
+def served_record(record: Path) -> ProcessRecord | None:
+    """The leader recorded in the `group_file` `record`, if any (a file in another format,
+    e.g. a bare pid, is no record: it cannot be verified)."""
     try:
-        return ProcessRecord.from_json(group_file(actor_pid).read_text(encoding="utf-8"))
+        return ProcessRecord.from_json(record.read_text(encoding="utf-8"))
     except OSError:
         return None
 
 
-def served_group(actor_pid: int) -> int | None:
-    """The process group of the server `actor_pid` had the zygote fork, if any; None when its
+def served_group(record: Path) -> int | None:
+    """The process group of the server whose `group_file` is `record`, if any; None when its
     leader's pid now names another process (a stale file: that group is someone else's)."""
-    record = served_record(actor_pid)
-    if record is None or state(record, read_record(record.pid)) == "other":
+    leader = served_record(record)
+    if leader is None or state(leader, read_record(leader.pid)) == "other":
         return None
-    return record.pid
+    return leader.pid
 
 
-def serve_in_zygote(path: str, argv: Sequence[str]) -> None:
+def serve_in_zygote(path: str, argv: Sequence[str], record: Path) -> None:
     """Have the zygote at `path` fork the API server with this process's environment and
     stdin/stdout/stderr; block until it exits; raise its TrialError, if any. The server
-    ends if this process dies (its life pipe). Its process group is in `group_file`."""
+    ends if this process dies (its life pipe). Its process group is recorded in `record` (a
+    new file, `group_file` of the server's folder) while it runs."""
     from framework.engine.serve_process import serve_with
 
     def start(env: dict[str, str]) -> int:
@@ -377,15 +382,13 @@ def serve_in_zygote(path: str, argv: Sequence[str]) -> None:
         sock.connect(path)
         life_r, life_w = os.pipe()
         os.set_inheritable(life_w, False)
-        record = group_file(os.getpid())
-        record.parent.mkdir(parents=True, exist_ok=True)
         try:
             send_request(sock, {"kind": "serve", "argv": list(argv), "env": env,
                                 "cwd": os.getcwd(), "pgid": None, "targets": [0, 1, 2],
                                 **traits()},
                          [0, 1, 2, life_r])
             os.close(life_r)
-            return read_replies(sock, lambda pid: record_served(os.getpid(), pid))
+            return read_replies(sock, lambda pid: record_served(record, pid))
         finally:
             sock.close()
             os.close(life_w)

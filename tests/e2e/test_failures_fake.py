@@ -35,6 +35,8 @@ from tests.helpers import read_until
 from tests.helpers import run_cli
 from tests.helpers import run_joined
 from tests.helpers import start_driver
+from tests.helpers import vllm_leftovers
+from tests.helpers import vsweep_leftovers
 from tests.helpers import wait_no_marked_processes
 from tests.helpers import wait_no_trial_processes
 
@@ -204,10 +206,17 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
     finally:
         end(proc)
     assert list(read_trials(short_tmp / "results", "requeue")["trial_number"]) == [0]
+    # the killed run's folder (its server's log and socket, the private Ray's session) is left
+    killed = {name.split("/")[0] for name in vsweep_leftovers(short_tmp)}
+    assert len(killed) == 1 and killed.pop().startswith(f"vsweep-{os.geteuid()}-"), \
+        vsweep_leftovers(short_tmp)
 
     again = run_cli(["run", str(sweep)], short_tmp, env, timeout_s=240)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert wait_no_marked_processes(marker) == []
+    # and the next run removed it (issue #33 item 7), leaving nothing of its own either
+    assert "removed 1 temp folder(s) left by runs that died" in again.stdout, again.stdout
+    assert vsweep_leftovers(short_tmp) == [] and vllm_leftovers(short_tmp) == []
     trials = read_trials(short_tmp / "results", "requeue")
     interrupted = trials[trials["fail_reason"] == "interrupted"]
     assert len(interrupted) >= 1 and 0 not in set(interrupted["trial_number"]), trials

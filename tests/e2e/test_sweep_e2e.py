@@ -95,9 +95,10 @@ def test_a_two_trial_run_ends_with_a_verdict(e2e):
 
 
 def test_a_run_leaves_no_process_file_or_shared_memory(e2e):
-    """No server log, control socket, result file or zygote folder is left in the temp dir, no
-    IPC socket or store file of vLLM's, and no shared memory in /dev/shm: each server was shut
-    down by vLLM before its processes were killed."""
+    """No run folder (server logs, control sockets, zygote folders, the private Ray's session:
+    framework/engine/run_folder.py) is left in the temp dir, no IPC socket or store file of
+    vLLM's, no torch inductor cache or compiler file, and no shared memory in /dev/shm: each
+    server was shut down by vLLM before its processes were killed."""
     assert e2e.left_processes == []
     assert e2e.left_files == []
     assert e2e.left_vllm_files == []

@@ -22,6 +22,7 @@ import pytest
 from framework.cluster.node_reap import process_tree
 from framework.cluster.ports import pick_port
 from framework.engine.zygote import FOLDER_PREFIX
+from framework.engine.zygote import group_file
 from framework.engine.zygote import served_group
 from framework.engine.zygote_shim import SHIM_NAME
 from framework.engine.zygote_shim import SOCKET_VAR
@@ -109,8 +110,9 @@ def _complete(base_url: str, model: str, prompt: str, key: str | None = None) ->
 
 ACTOR = """
 import sys
+from pathlib import Path
 from framework.engine.zygote import serve_in_zygote
-serve_in_zygote(sys.argv[1], sys.argv[2:])
+serve_in_zygote(sys.argv[1], sys.argv[3:], Path(sys.argv[2]))
 """
 
 
@@ -125,7 +127,9 @@ def test_a_forked_server_answers_as_a_spawned_one_and_dies_with_its_actor(
             "--enforce-eager"]
     members: list[psutil.Process] = []
     with open(tmp_path / "server.log", "wb") as log:
-        actor = subprocess.Popen([sys.executable, "-c", ACTOR, path, *argv], cwd=ROOT, env=env,
+        record = group_file(tmp_path)
+        actor = subprocess.Popen([sys.executable, "-c", ACTOR, path, str(record), *argv],
+                                 cwd=ROOT, env=env,
                                  stdout=log, stderr=subprocess.STDOUT)
     try:
         ready = asyncio.run(wait_ready(f"http://{HOST}:{port}", 120,
@@ -137,7 +141,7 @@ def test_a_forked_server_answers_as_a_spawned_one_and_dies_with_its_actor(
         # same model and flags as the session's spawned server, greedy: the same text
         assert [_complete(f"http://{HOST}:{port}", model, p) for p in prompts] == shared
 
-        group = served_group(actor.pid)
+        group = served_group(record)
         members = [p for p in psutil.process_iter() if _pgid(p.pid) == group]
         forks = [p for p in members if p.ppid() == zygote_pid]
         shims = [p for p in members if any(a.endswith(SHIM_NAME) for a in _cmdline(p))]
@@ -147,7 +151,7 @@ def test_a_forked_server_answers_as_a_spawned_one_and_dies_with_its_actor(
         assert sorted(_cmdline(p)[0] for p in forks) == [
             sys.executable, "VLLM::EngineCore", "VLLM::Worker"]
         assert len(shims) == 2 and {p.ppid() for p in shims} <= {p.pid for p in forks}
-        assert set(process_tree(actor.pid)) >= {actor.pid, *(p.pid for p in members)}
+        assert set(process_tree(actor.pid, record)) >= {actor.pid, *(p.pid for p in members)}
     finally:
         actor.send_signal(signal.SIGKILL)
         actor.wait(timeout=30)

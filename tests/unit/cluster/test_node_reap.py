@@ -1,7 +1,8 @@
 """Whom a server's stop asks to shut down (cluster.node_reap.shutdown_targets): vLLM's top
 process below the server actor, never every process alike, and never a process a stale group
-file names (issue #33 item 3); and where the server's vLLM IPC sockets go
-(cluster.actors.rpc_base), so that the stop can remove them."""
+file names (issue #33 item 3); and where the server's vLLM IPC sockets and temp files go
+(cluster.actors.rpc_base, private_tmp: its folder, issue #33 item 2), so that the stop can
+remove them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from framework.cluster.actors import RPC_BASE_VAR
+from framework.cluster.actors import private_tmp
 from framework.cluster.actors import rpc_base
 from framework.cluster.node_reap import shut_down
 from framework.cluster.node_reap import shutdown_targets
@@ -41,17 +43,20 @@ def test_only_the_top_vllm_process_is_signalled(parents, group, expected) -> Non
     assert shutdown_targets(ACTOR, parents, group) == expected
 
 
-@pytest.mark.parametrize(("argv", "environ", "expected"), [
-    (["serve", "m"], {}, "vsweep-rpc-7"),
-    (["serve", "m", "--distributed-executor-backend", "ray"], {}, None),   # other nodes lack it
-    (["serve", "m", "--distributed-executor-backend=ray"], {}, None),
-    (["serve", "m", "--distributed-executor-backend", "mp"], {}, "vsweep-rpc-7"),
-    (["serve", "m"], {RPC_BASE_VAR: "/srv/ipc"}, None),                      # server.env's own
+@pytest.mark.parametrize(("argv", "environ", "rpc", "tmp"), [
+    (["serve", "m"], {}, "rpc", "tmp"),
+    # vLLM's Ray executor hands EngineCore's environment to workers on other nodes
+    (["serve", "m", "--distributed-executor-backend", "ray"], {}, None, None),
+    (["serve", "m", "--distributed-executor-backend=ray"], {}, None, None),
+    (["serve", "m", "--distributed-executor-backend", "mp"], {}, "rpc", "tmp"),
+    (["serve", "m"], {RPC_BASE_VAR: "/srv/ipc"}, None, "tmp"),               # server.env's own
 ])
-def test_vllm_ipc_sockets_go_in_the_servers_folder_unless_the_ray_executor_runs(
-        argv, environ, expected) -> None:
-    base = rpc_base(argv, environ, 7)
-    assert (base if base is None else Path(base).name) == expected
+def test_vllm_ipc_sockets_and_tmpdir_go_in_the_servers_folder_unless_the_ray_executor_runs(
+        argv, environ, rpc, tmp) -> None:
+    folder = Path("/tmp/vsweep-0-0123456789/s7-abc")
+    base, private = rpc_base(argv, environ, folder), private_tmp(argv, folder)
+    assert (base if base is None else Path(base).relative_to(folder).as_posix()) == rpc
+    assert (private if private is None else Path(private).relative_to(folder).as_posix()) == tmp
 
 
 # A sleeper in a session (and process group) of its own, as `setsid sleep` is, that says when
@@ -64,7 +69,8 @@ SLEEPER = "import sys; print('asleep', flush=True); sys.stdin.read()"
     (-1, None, False),                                 # its pid was reused: left alone
     (0, ("python3", "-m", "framework.engine.zygote"), False),
 ])
-def test_a_stale_group_file_signals_no_other_process_group(ticks_shift, cmdline, ours) -> None:
+def test_a_stale_group_file_signals_no_other_process_group(ticks_shift, cmdline, ours,
+                                                           tmp_path) -> None:
     """A real unrelated process group (a `setsid` sleeper, as in the issue) whose leader's pid
     a group file records: the stop sends SIGTERM only when start time and command line match
     the record. The sleeper's exit status says whether it got SIGTERM before our SIGKILL (the
@@ -72,16 +78,15 @@ def test_a_stale_group_file_signals_no_other_process_group(ticks_shift, cmdline,
     actor = os.getpid()  # stands in for the server actor that wrote the file
     sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    record = group_file(actor)
+    record = group_file(tmp_path)
     try:
         assert sleeper.stdout.readline() == b"asleep\n"
         now = read_record(sleeper.pid)
         assert now is not None and os.getpgid(sleeper.pid) == sleeper.pid
         recorded = ProcessRecord(now.pid, now.start_ticks + ticks_shift, cmdline or now.cmdline)
-        record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(recorded.to_json(), encoding="utf-8")
-        assert served_group(actor) == (sleeper.pid if ours else None)
-        shut_down(actor, [], served_record(actor), grace_s=0)
+        assert served_group(record) == (sleeper.pid if ours else None)
+        shut_down(actor, [], served_record(record), grace_s=0)
     finally:
         record.unlink(missing_ok=True)
         sleeper.kill()

@@ -55,7 +55,7 @@ def _server(log_path: Path, on_stop=lambda _: None, held=lambda _: "", node_ip: 
         PlacementGroupID.from_random()), serve_ref=None, base_url=f"http://{node_ip}:20001",
         node_ip=node_ip, node_id=NODE_ID, pid=4242, port=20001, placement=(node_ip,),
         log_path=log_path, node_log="/nonexistent/trial.log", control_path="/nonexistent/ctl",
-        rpc_dir="/nonexistent/rpc", _on_stop=on_stop, _held=held, placed_at=placed_at)
+        folder="/nonexistent/s4242-x", _on_stop=on_stop, _held=held, placed_at=placed_at)
 
 
 def _unwritable_log(tmp_path: Path) -> Path:

@@ -158,12 +158,12 @@ def test_stale_folders_are_those_whose_keeper_is_gone(tmp_path):
     keeper pid is dead, and leaves live ones, foreign names and folders still starting."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for name, pid in (("vsweep-zygote-live", os.getpid()), ("vsweep-zygote-dead", dead.pid),
-                      ("vsweep-zygote-garbled", "x"), ("other-dead", dead.pid)):
+    for name, pid in (("zygote-live", os.getpid()), ("zygote-dead", dead.pid),
+                      ("zygote-garbled", "x"), ("other-dead", dead.pid)):
         (tmp_path / name).mkdir()
         (tmp_path / name / KEEPER_FILE).write_text(str(pid))
-    (tmp_path / "vsweep-zygote-starting").mkdir()
-    assert stale_folders(tmp_path, psutil.pid_exists) == [tmp_path / "vsweep-zygote-dead"]
+    (tmp_path / "zygote-starting").mkdir()
+    assert stale_folders(tmp_path, psutil.pid_exists) == [tmp_path / "zygote-dead"]
 
 
 NVML, INDUCTOR = FORCED_BY_IMPORT
