@@ -120,19 +120,26 @@ def test_cluster_yaml_sets_up_python_311_and_starts_ray_from_it():
         assert f'PATH="$HOME/{venv.removeprefix("~/")}/bin:$PATH"' in start, start
 
 
-def test_cluster_yaml_needs_no_edit_and_keeps_the_cluster_closed():
-    """Nothing to fill in before `ray up` (no placeholder EFS name or AMI id), EFS only when named,
-    token authentication on both start commands and nowhere disabled, the dashboard on the
-    head's loopback, and the local venv, caches, models and results never rsynced."""
+def test_cluster_yaml_needs_two_values_and_keeps_the_cluster_closed():
+    """Only the subnet and the security group to fill in before `ray up` (marked FILL-IN, each
+    written once: Ray's own group would open SSH to 0.0.0.0/0, ray/autoscaler/_private/aws/
+    config.py _create_default_ssh_inbound_rules, #32 item 8), no other placeholder (EFS name,
+    AMI id), EFS only when named, token authentication on both start commands and nowhere
+    disabled, no address open to the world in any value, the dashboard on the head's loopback,
+    and the local venv, caches, models and results never rsynced."""
     text = (ROOT / "cluster.yaml").read_text()
     cfg = yaml.safe_load(text)
     values = json.dumps(cfg)
     for placeholder in (r"fs-0{4,}", r"0{8}", r"ami-[0-9a-f]{8,}", r"<[a-z][^>]*>",
                         r"(?i)changeme|your[-_ ]"):
         assert not re.search(placeholder, values), placeholder
+    to_fill = [line.split("#")[0].strip() for line in text.splitlines()
+               if "FILL-IN" in line.split("#")[0]]
+    assert to_fill == ["SubnetIds: [&subnet subnet-FILL-IN]",
+                       "SecurityGroupIds: [&group sg-FILL-IN]"], to_fill
     init = " ".join(cfg["initialization_commands"])
     assert 'EFS_DNS_NAME="";' in init and 'if [ -n "$EFS_DNS_NAME" ]' in init
-    assert "RAY_AUTH_MODE=disabled" not in text and "0.0.0.0" not in text
+    assert "RAY_AUTH_MODE=disabled" not in text and "0.0.0.0" not in values
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = [c for c in cfg[key] if "ray start" in c]
         assert len(start) == 1 and "RAY_AUTH_MODE=token" in start[0], cfg[key]
