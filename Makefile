@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 GPU_VENV := .venv-gpu
 
-.PHONY: install model samples browser demo lint check test test-gpu clean
+.PHONY: install model samples browser demo lint check test test-parallel test-gpu clean
 
 install: $(STAMP)
 
@@ -62,6 +62,12 @@ check: lint model
 
 test: lint model browser
 	$(BIN)/python -m pytest -ra --durations=25
+
+# The same suite in two lanes (pytest-xdist, a whole file per lane at a time): the suite leaves
+# about half of this machine's two cores idle (docs/BENCHMARKS.md, "Test-suite cost, session
+# 12"). Not yet `make test`: three green clean-clone runs first (#31).
+test-parallel: lint model browser
+	$(BIN)/python -m pytest -ra --durations=25 -n 2 --dist loadfile
 
 # Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then
 # tests/gpu (each skips itself without CUDA, two GPUs, or a second GPU node: RAY_ADDRESS).
