@@ -77,5 +77,6 @@ test-gpu:
 	test -f $(MODEL)/config.json || $(GPU_VENV)/bin/vllm-sweep build-model $(MODEL)
 	$(GPU_VENV)/bin/python -m pytest -ra -m gpu tests/gpu
 
+# Set-up outputs only: results/ holds the user's measurements and is never removed here (#33).
 clean:
-	rm -rf $(VENV) $(GPU_VENV) models results .cache
+	rm -rf $(VENV) $(GPU_VENV) models .cache
