@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 
+from framework.engine.process_record import stat_fields
+
 
 def live_group(pid: int) -> int | None:
     """The process group of `pid`; None when it is gone or a zombie. Read from
@@ -17,7 +19,7 @@ def live_group(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
             stat = fh.read()
-        fields = stat[stat.rindex(")") + 1:].split()
+        fields = stat_fields(stat)
         return None if fields[0] == "Z" else int(fields[2])
     except (OSError, ValueError, IndexError):
         return None

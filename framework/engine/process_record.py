@@ -44,11 +44,16 @@ class ProcessRecord:
         return record if record.pid > 0 else None
 
 
+def stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/<pid>/stat line from field 3 (state) on. The command name (field
+    2) is in parentheses and may hold spaces and ')', so fields are counted after the last
+    ')'. Raises ValueError when there is none."""
+    return stat[stat.rindex(")") + 1:].split()
+
+
 def start_ticks(stat: str) -> int:
-    """Field 22 (starttime) of a /proc/<pid>/stat line. The command name (field 2) is in
-    parentheses and may hold spaces and ')', so fields are counted after the last ')'."""
-    rest = stat[stat.rindex(")") + 1:].split()
-    return int(rest[_STARTTIME_FIELD - 3])
+    """Field 22 (starttime) of a /proc/<pid>/stat line."""
+    return int(stat_fields(stat)[_STARTTIME_FIELD - 3])
 
 
 def read_record(pid: int, proc: Path = PROC) -> ProcessRecord | None:
