@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 GPU_VENV := .venv-gpu
 
-.PHONY: install model samples browser demo lint check test test-parallel test-gpu clean
+.PHONY: install model samples browser demo lint check test test-serial test-gpu clean
 
 install: $(STAMP)
 
@@ -60,14 +60,17 @@ lint: install
 check: lint model
 	$(BIN)/python -m pytest -ra tests/unit
 
+# The suite in LANES pytest-xdist lanes, a whole file per lane at a time, costliest files first
+# (tests/lanes.py, tests/durations.json): one lane leaves about half of this machine's two cores
+# idle (docs/BENCHMARKS.md, "Test-suite cost, session 12"). A file's tests share its lane's
+# session fixtures (the shared vLLM server, the shared Ray), so each lane starts its own.
+LANES ?= 2
 test: lint model browser
-	$(BIN)/python -m pytest -ra --durations=25
+	$(BIN)/python -m pytest -ra --durations=25 -n $(LANES) --dist loadfile --no-loadscope-reorder
 
-# The same suite in two lanes (pytest-xdist, a whole file per lane at a time): the suite leaves
-# about half of this machine's two cores idle (docs/BENCHMARKS.md, "Test-suite cost, session
-# 12"). Not yet `make test`: three green clean-clone runs first (#31).
-test-parallel: lint model browser
-	$(BIN)/python -m pytest -ra --durations=25 -n 2 --dist loadfile
+# One lane, in the same order: to read a failure's output in sequence.
+test-serial: lint model browser
+	$(BIN)/python -m pytest -ra --durations=25
 
 # Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then
 # tests/gpu (each skips itself without CUDA, two GPUs, or a second GPU node: RAY_ADDRESS).

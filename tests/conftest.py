@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model and a short temp dir (helpers are in tests/helpers.py)."""
+"""Shared fixtures: the tiny model and a short temp dir (helpers are in tests/helpers.py); the
+order of test files, costliest first, for pytest-xdist's lanes (tests/lanes.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tests.helpers import TINY_MODEL
+from tests.lanes import costliest_first
+from tests.lanes import file_costs
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Costliest files first (tests/lanes.py); within a file, pytest's order."""
+    def file_of(item: pytest.Item) -> str:
+        return Path(str(item.path)).relative_to(ROOT).as_posix()
+
+    order = costliest_first([file_of(i) for i in items], file_costs())
+    rank = {name: n for n, name in enumerate(order)}
+    items.sort(key=lambda i: rank[file_of(i)])  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session")

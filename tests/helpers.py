@@ -217,7 +217,12 @@ def emulated_cluster(tmp: Path, nodes: list[dict], keep_env: bool = True):
     os.environ.pop("VLLM_TARGET_DEVICE", None)  # it would bypass vLLM platform plugins
     cluster = Cluster(shutdown_at_exit=True)
     try:
-        cluster.add_node(include_dashboard=False, **{"node_ip_address": HEAD_IP, **nodes[0]})
+        # no log monitor: nothing here forwards worker logs to a driver (the product's drivers
+        # say log_to_driver=False), and a long-lived head's monitor polling every log file
+        # cost ~94 core-s over the suite (docs/BENCHMARKS.md, session 13); later nodes have
+        # none already (ray.cluster_utils: one per physical host)
+        cluster.add_node(include_dashboard=False, include_log_monitor=False,
+                         **{"node_ip_address": HEAD_IP, **nodes[0]})
         for node in nodes[1:]:
             cluster.add_node(**node)
         cluster.wait_for_nodes(timeout=120)

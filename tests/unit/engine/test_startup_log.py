@@ -131,7 +131,7 @@ def test_vllm_stamps_its_lines_with_the_epoch_prefix_the_parser_reads():
            "VLLM_CONFIGURE_LOGGING": "1"}
     env.pop("VLLM_LOGGING_CONFIG_PATH", None)
     out = subprocess.run([sys.executable, "-c", VLLM_LINES], env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+                         text=True, timeout=600, check=True).stdout
     before, *lines = [ln for ln in out.splitlines() if ln.strip()]
     mark = vllm_server.serve_mark(float(before))
     assert [ln.startswith("t=") for ln in lines] == [True, True, True], out
