@@ -20,8 +20,8 @@ that no process of it is left. Its configuration, `SharedServer` describes it:
 `make test` runs the suite in pytest-xdist lanes, a whole file per lane: each lane has its own
 session, so its own shared server (started by the lane's first test that asks for it), and the
 tests of one lane use it one after another but share its prefix cache and counters: assert on
-deltas of counters, reset the cache first if a test needs it cold, leave nothing in flight, never stop it. A test that needs other flags or a server it may kill
-starts its own.
+deltas of counters, reset the cache first if a test needs it cold, leave nothing in flight,
+never stop it. A test that needs other flags or a server it may kill starts its own.
 
 `shared_ray` (session scope) is ONE emulated Ray node (8 logical CPUs, 8 fake GPUs, on a
 loopback address) that every sweep joins unless the test is about Ray's own start, stop or
@@ -100,8 +100,8 @@ def shared_ray() -> Iterator[SharedRay]:
     8 logical CPUs and 8 fake GPUs on HEAD_IP (a loopback address). A sweep joins it through
     `cluster.address` (tests.helpers.join_shared) instead of starting a private Ray of its own
     (~10-20 s each). One per xdist lane; a lane's sweeps run one after another; each must leave
-    no trial process behind (run_joined asserts it), and the session's end asserts that no process of it is left.
-    CPU-engine trials run one at a time whatever the cluster holds (SweepSpec.concurrent_trials)."""
+    no trial process behind (run_joined asserts it), and the session's end asserts that no
+    process of it is left. CPU-engine trials run one at a time whatever the cluster holds (SweepSpec.concurrent_trials)."""
     folder = Path(tempfile.mkdtemp(prefix="vst-ray-"))  # short: Ray's socket paths
     try:
         with emulated_cluster(folder, [{"num_cpus": 8, "num_gpus": 8}], keep_env=False) as (
