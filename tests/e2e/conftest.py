@@ -101,7 +101,8 @@ def shared_ray() -> Iterator[SharedRay]:
     `cluster.address` (tests.helpers.join_shared) instead of starting a private Ray of its own
     (~10-20 s each). One per xdist lane; a lane's sweeps run one after another; each must leave
     no trial process behind (run_joined asserts it), and the session's end asserts that no
-    process of it is left. CPU-engine trials run one at a time whatever the cluster holds (SweepSpec.concurrent_trials)."""
+    process of it is left. CPU-engine trials run one at a time whatever the cluster holds
+    (SweepSpec.concurrent_trials)."""
     folder = Path(tempfile.mkdtemp(prefix="vst-ray-"))  # short: Ray's socket paths
     try:
         with emulated_cluster(folder, [{"num_cpus": 8, "num_gpus": 8}], keep_env=False) as (
