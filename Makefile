@@ -9,6 +9,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.vllm-sweep-installed
 MODEL := models/tiny-llama
 SWEEP ?= sweeps/quickstart.yaml
+# Tests run in LANES pytest-xdist lanes, a whole file per lane at a time, costliest files first
+# (tests/lanes.py, tests/durations.json): one lane leaves about half of this machine's two cores
+# idle (docs/BENCHMARKS.md, "Test-suite cost, session 12"). A file's tests share its lane's
+# session fixtures (the shared vLLM server, the shared Ray), so each lane starts its own.
+LANES ?= 2
+IN_LANES := -n $(LANES) --dist loadfile --no-loadscope-reorder
 
 # Nothing leaves the project's folders or the temp dir; no network beyond loopback.
 export RAY_AUTH_MODE := disabled
@@ -58,15 +64,10 @@ lint: install
 	$(BIN)/mypy
 
 check: lint model
-	$(BIN)/python -m pytest -ra tests/unit
+	$(BIN)/python -m pytest -ra tests/unit $(IN_LANES)
 
-# The suite in LANES pytest-xdist lanes, a whole file per lane at a time, costliest files first
-# (tests/lanes.py, tests/durations.json): one lane leaves about half of this machine's two cores
-# idle (docs/BENCHMARKS.md, "Test-suite cost, session 12"). A file's tests share its lane's
-# session fixtures (the shared vLLM server, the shared Ray), so each lane starts its own.
-LANES ?= 2
 test: lint model browser
-	$(BIN)/python -m pytest -ra --durations=25 -n $(LANES) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -ra --durations=25 $(IN_LANES)
 
 # One lane, in the same order: to read a failure's output in sequence.
 test-serial: lint model browser
