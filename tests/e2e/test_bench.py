@@ -1,6 +1,6 @@
 """`vllm-sweep bench`: real runs against the session's shared vLLM server (tests/e2e/conftest.py,
 `vllm_server`; its API key sent as vllm bench sends it, OPENAI_API_KEY): prompts, totals, chat,
-and the /metrics sampler."""
+and the /metrics sampler. The command runs in this process (tests.helpers.cli_in_process)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.helpers import ROOT
 from tests.helpers import SAMPLE
 from tests.helpers import VLLM_KEYS
 from tests.helpers import SharedServer
-from tests.helpers import bench_cli
+from tests.helpers import cli_in_process
 
 
 @pytest.fixture
@@ -31,9 +31,12 @@ def server(vllm_server: SharedServer) -> SharedServer:
 
 
 def bench_json(server: SharedServer, out: Path, *args: str) -> dict:
-    res = bench_cli("--base-url", server.base_url, "--model", str(ROOT / "models" / "tiny-llama"),
-                    "--result-json", str(out), "--save-detailed", *args,
-                    env=dict(os.environ, OPENAI_API_KEY=server.api_key))
+    """`vllm-sweep bench` in this process (cli_in_process: no interpreter importing the
+    framework per run; the command-line entry is tests/unit/test_cli.py's), its JSON read."""
+    res = cli_in_process("bench", "--base-url", server.base_url,
+                         "--model", str(ROOT / "models" / "tiny-llama"),
+                         "--result-json", str(out), "--save-detailed", *args,
+                         env=dict(os.environ, OPENAI_API_KEY=server.api_key))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "Serving Benchmark Result" in res.stdout
     return json.loads(out.read_text())

@@ -27,8 +27,10 @@ from tests.helpers import cli_env
 from tests.helpers import free_ports
 from tests.helpers import new_marker
 from tests.helpers import ray_head_argv
-from tests.helpers import stop_group
 from tests.helpers import wait_no_marked_processes
+from tests.ray_start import start_node
+from tests.ray_start import stop_nodes
+from tests.ray_start import wait_started
 from tests.unit.test_cluster_yaml import cluster
 
 VENV = Path(sys.executable).parent.parent
@@ -122,7 +124,7 @@ def wait_until(what: str, check, timeout_s: float, nodes: list[subprocess.Popen]
         done, last = check()
         if done:
             return last
-        time.sleep(2)
+        time.sleep(0.5)
     pytest.fail(f"{what} not within {timeout_s:.0f} s: {last}")
 
 
@@ -165,22 +167,10 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
     job_dir.mkdir()
     (job_dir / "join.py").write_text(_JOIN)
     nodes: list[subprocess.Popen] = []
-    logs = [(short_tmp / "head.out").open("w"), (short_tmp / "worker.out").open("w")]
-
-    def alive() -> tuple[bool, str]:
-        code = (f"import ray; ray.init(address={gcs!r}, logging_level='ERROR'); "
-                "print('ALIVE', sum(1 for n in ray.nodes() if n['Alive']))")
-        try:
-            out = subprocess.run([sys.executable, "-c", code], env=with_token,
-                                 capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            return False, "ray.init timed out"
-        return "ALIVE 2" in out.stdout, out.stdout + out.stderr[-1500:]
+    head_log, worker_log = short_tmp / "head.out", short_tmp / "worker.out"
 
     try:
-        nodes.append(subprocess.Popen(head_argv, env=head_env, stdout=logs[0],
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True))
+        nodes.append(start_node(head_argv, head_env, head_log))
         wait_until("the dashboard", lambda: (http_get(f"{dashboard}/api/version", token)[0] == 200,
                                              "no answer"), 180, nodes)
         # A worker without the head's token is refused before it starts anything.
@@ -189,10 +179,8 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
                                  timeout=120)
         assert refused.returncode != 0, refused.stdout[-2000:]
         assert "token" in (refused.stdout + refused.stderr).lower()
-        nodes.append(subprocess.Popen([*worker_argv, "--block"], env=worker_env, stdout=logs[1],
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True))
-        wait_until("2 alive nodes", alive, 180, nodes)
+        nodes.append(start_node([*worker_argv, "--block"], worker_env, worker_log))
+        wait_started(nodes[1], worker_log, timeout_s=180)  # registered: 2 alive nodes
 
         assert http_get(f"{dashboard}/api/version")[0] == 401
         assert http_get(f"{dashboard}/api/version", "not-the-token")[0] == 403
@@ -226,9 +214,6 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
         assert status == "SUCCEEDED", f"{status}: {job_logs[-4000:]}"
         assert "JOINED mode=token nodes=2" in job_logs, job_logs[-4000:]
     finally:
-        for node in reversed(nodes):
-            stop_group(node)
-        for log in logs:
-            log.close()
+        stop_nodes(nodes)
         left = wait_no_marked_processes(marker)
     assert left == [], left

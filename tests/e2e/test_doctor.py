@@ -16,16 +16,21 @@ from tests.helpers import cli_joined
 from tests.helpers import emulated_cluster
 from tests.helpers import table_rows
 
+# A node of the emulated cluster: one CPU (the doctor's CPU server is one bundle of
+# cluster.cpus_per_worker = 1 CPU; fewer CPUs, fewer idle Ray workers started).
+NODE = {"num_cpus": 1}
+
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    """Two emulated nodes of 2 CPUs at loopback addresses 127.0.0.5 (head) and 127.0.0.6 (not
-    127.0.0.1: Ray rewrites that address to the machine's own when joining); yields
-    (address, marker, tmp)."""
+    """Two emulated nodes of 1 CPU at loopback addresses 127.0.0.5 (head) and 127.0.0.6 (not
+    127.0.0.1: Ray rewrites that address to the machine's own when joining): the fewest that
+    show the doctor's per-node checks as per node (a check run on the driver's node only, or
+    on one node for all, gives the second node's rows wrong); yields (address, marker, tmp)."""
     tmp = Path(tempfile.mkdtemp(prefix="vsd-"))
     try:
-        with emulated_cluster(tmp, [{"num_cpus": 2, "node_ip_address": "127.0.0.5"},
-                                    {"num_cpus": 2, "node_ip_address": "127.0.0.6"}]) as (
+        with emulated_cluster(tmp, [{**NODE, "node_ip_address": "127.0.0.5"},
+                                    {**NODE, "node_ip_address": "127.0.0.6"}]) as (
                 _, address, marker):
             yield address, marker, tmp
     finally:
@@ -49,6 +54,8 @@ def write_sweep(tmp: Path, model: Path, name: str, cache_dir: Path) -> Path:
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_doctor_passes_on_two_nodes(tiny_model, two_nodes):
+    """Guards the doctor's per-node probe (every alive node's GPUs, cache dir and ports, one
+    row each) and its CPU server started as a sweep starts one (launcher + run_trial)."""
     address, marker, tmp = two_nodes
     sweep = write_sweep(tmp, tiny_model, "ok", tmp / "cache")
     res = cli_joined(["doctor", str(sweep), "--address", address], tmp, marker, tmp)
@@ -68,6 +75,7 @@ def test_doctor_passes_on_two_nodes(tiny_model, two_nodes):
 @pytest.mark.server
 @pytest.mark.timeout(300)
 def test_doctor_fails_on_an_unwritable_cache_dir_without_starting_servers(tiny_model, two_nodes):
+    """Guards a failed node check found on each node, and no server started after one."""
     address, marker, tmp = two_nodes
     (tmp / "a_file").write_text("")
     sweep = write_sweep(tmp, tiny_model, "bad", tmp / "a_file" / "cache")

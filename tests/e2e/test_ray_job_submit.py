@@ -1,5 +1,7 @@
 """`ray job submit` end to end on one real 2-node Ray cluster started with `ray start` (shared by
-the tests of this module):
+the tests of this module), its sweeps on FakeEngine: these tests are about the job (its driver,
+working dir, results place, status and log), not about vLLM, whose servers every other vLLM
+sweep starts.
 
 - issue 4: a job that runs `vllm-sweep run sweep.yaml` with absolute paths, status SUCCEEDED, and
   the trial Parquet under the path the sweep names;
@@ -9,11 +11,17 @@ the tests of this module):
   results_dir would vanish with Ray's temp dir); `vllm-sweep submit` runs it in place, prints
   where the results go, and the trial Parquet is read back there.
 
-The pytest process never joins the cluster: node counts come from a short-lived subprocess with a
-timeout, the job is submitted with the `ray job submit` CLI (with a timeout), and its status and
-logs are read over plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process
-group, never with the Ray CLI's stop command, which ends every Ray on the machine, not just
-this test's.
+The smallest cluster that shows these bugs: a head (2 CPUs, no GPU) where Ray runs the job's
+driver, and a worker (1 CPU, 1 fake GPU) where the trial's server must then run, so every trial
+runs on another node than its driver (a path, address or folder resolved on the driver's node
+only, as the uploaded copy of issue 20 was, fails there; the trial row's node_ip says where it
+ran).
+
+The pytest process never joins the cluster: a node is up when its `ray start` says so
+(tests/ray_start.py), the job is submitted with the `ray job submit` CLI (with a timeout) or
+`vllm-sweep submit` (in-process: Ray's job API over HTTP), and its status and logs are read over
+plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process group, never with the
+Ray CLI's stop command, which ends every Ray on the machine, not just this test's.
 """
 
 from __future__ import annotations
@@ -34,39 +42,27 @@ import duckdb
 import pytest
 import yaml
 
-from tests.helpers import CLI
+from tests.helpers import NO_REMEASURE
 from tests.helpers import ROOT
 from tests.helpers import cli_env
+from tests.helpers import cli_in_process
 from tests.helpers import free_ports
 from tests.helpers import new_marker
 from tests.helpers import ray_head_argv
-from tests.helpers import stop_group
 from tests.helpers import wait_no_marked_processes
-from tests.helpers import write_sweep
+from tests.ray_start import start_node
+from tests.ray_start import stop_nodes
+from tests.ray_start import wait_started
 
 pytestmark = pytest.mark.server
 
 
 VENV_BIN = Path(sys.executable).parent
-
-
 RAY = str(VENV_BIN / "ray")
-
-
 NAME = "jobsweep"
-
-
 NUM_PROMPTS = 24
-
-
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-
-
-_NODES_SCRIPT = """
-import sys, ray
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-print("ALIVE", sum(1 for n in ray.nodes() if n["Alive"]), flush=True)
-"""
+HEAD_IP, WORKER_IP = "127.0.0.11", "127.0.0.2"  # not 127.0.0.1: `ray start` swaps it
 
 
 def node_env(marker: str, tmp: Path) -> dict[str, str]:
@@ -86,16 +82,28 @@ def node_env(marker: str, tmp: Path) -> dict[str, str]:
     return env
 
 
+def job_spec(model: str, search_space: str, results: str) -> dict:
+    """One FakeEngine trial (vLLM's defaults, the baseline) of NUM_PROMPTS measured requests,
+    its server on the node Ray places it on (the worker: the only GPU)."""
+    return {
+        "name": NAME, "model": model, "search_space": search_space, "engine": "fake",
+        "server": {"host": "node", "startup_timeout_s": 120,
+                   "env": {"FAKE_ENGINE_STARTUP_S": "0", "FAKE_ENGINE_TTFT_MS": "20",
+                           "FAKE_ENGINE_TPOT_MS": "5"}},
+        "workload": {"num_prompts": NUM_PROMPTS, "input_len": 32, "output_len": 8,
+                     "max_concurrency": 8, "warmup_requests": 4, "seed": 1},
+        "sla": {"p99_ttft_ms": 5000},
+        "search": {**NO_REMEASURE, "n_trials": 1, "seed": 3, "baseline": True},
+        "results_dir": results,
+    }
+
+
 def write_job_sweep(job_dir: Path, model: Path, results: Path) -> Path:
-    """The e2e sweep (tests/helpers.write_sweep), one trial with the baseline, as job_dir/sweep.yaml."""
-    path = write_sweep(job_dir, model, n_trials=1, name=NAME)
-    spec = yaml.safe_load(path.read_text())
-    spec["workload"].update({"num_prompts": NUM_PROMPTS, "warmup_requests": 4})
-    spec["search"]["baseline"] = True
-    spec["results_dir"] = str(results)  # absolute: the job's cwd is Ray's unpacked working dir
-    path.unlink()
+    """job_spec with absolute paths (the job's cwd is Ray's unpacked working dir), as
+    job_dir/sweep.yaml."""
     target = job_dir / "sweep.yaml"
-    target.write_text(yaml.safe_dump(spec))
+    target.write_text(yaml.safe_dump(job_spec(
+        str(model), str(ROOT / "search_spaces" / "tiny_cpu.yaml"), str(results))))
     return target
 
 
@@ -110,34 +118,17 @@ def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float) -> No
                     return
         except OSError as exc:
             last = str(exc)
-        time.sleep(2)
+        time.sleep(0.5)
     pytest.fail(f"dashboard at {url} not up within {timeout_s:.0f} s: {last}")
-
-
-def wait_for_nodes(gcs: str, n: int, env: dict[str, str], nodes: list[subprocess.Popen],
-                   timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        for node in nodes:
-            assert node.poll() is None, f"`ray start` {node.args} exited with {node.returncode}"
-        try:
-            out = subprocess.run([sys.executable, "-c", _NODES_SCRIPT, gcs], env=env,
-                                 capture_output=True, text=True, timeout=60)
-            last = out.stdout + out.stderr[-1500:]
-            match = re.search(r"ALIVE (\d+)", out.stdout)
-            if match and int(match.group(1)) >= n:
-                return
-        except subprocess.TimeoutExpired:
-            last = "ray.init timed out"
-        time.sleep(2)
-    pytest.fail(f"{n} alive nodes not seen within {timeout_s:.0f} s: {last}")
 
 
 def ray_job(args: list[str], env: dict[str, str],
             timeout_s: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([RAY, "job", *args], env=env, capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+NO_AGENT = "No available agent"  # the head's dashboard agent not registered yet
 
 
 def submit_job(dashboard: str, job_dir: Path, job_id: str, env: dict[str, str],
@@ -150,24 +141,24 @@ def submit_job(dashboard: str, job_dir: Path, job_id: str, env: dict[str, str],
     deadline = time.monotonic() + timeout_s
     while True:
         out = ray_job(argv, env, timeout_s=120)
-        if (out.returncode == 0 or "No available agent" not in out.stdout + out.stderr
+        if (out.returncode == 0 or NO_AGENT not in out.stdout + out.stderr
                 or time.monotonic() > deadline):
             return out
-        time.sleep(3)
+        time.sleep(1)
 
 
-def retry_while_no_agent(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float,
-                         agent_wait_s: float = 240) -> subprocess.CompletedProcess:
-    """`argv` run to its end, again while the head's dashboard agent is not registered yet
-    (see submit_job)."""
+def vllm_sweep_submit(args: list[str], cwd: Path, env: dict[str, str],
+                      agent_wait_s: float = 240) -> subprocess.CompletedProcess:
+    """`vllm-sweep submit ARGS` in this process (tests.helpers.cli_in_process: it talks to the
+    dashboard over HTTP and joins no cluster), again while the head's dashboard agent is not
+    registered yet (see submit_job)."""
     deadline = time.monotonic() + agent_wait_s
     while True:
-        out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                             timeout=timeout_s)
-        if (out.returncode == 0 or "No available agent" not in out.stdout + out.stderr
+        out = cli_in_process("submit", *args, cwd=cwd, env=env)
+        if (out.returncode == 0 or NO_AGENT not in out.stdout + out.stderr
                 or time.monotonic() > deadline):
             return out
-        time.sleep(3)
+        time.sleep(1)
 
 
 def wait_terminal(dashboard: str, job_id: str, timeout_s: float) -> str:
@@ -176,7 +167,7 @@ def wait_terminal(dashboard: str, job_id: str, timeout_s: float) -> str:
         status = job_status(dashboard, job_id)
         if status in TERMINAL:
             break
-        time.sleep(5)
+        time.sleep(1)
     return status
 
 
@@ -211,41 +202,34 @@ class JobCluster:
 
 @pytest.fixture(scope="module")
 def job_cluster():
-    """A head (2 CPUs, dashboard) and a worker (1 CPU) on loopback, started with `ray start
-    --block` in their own process groups and stopped by process group."""
+    """A head (2 CPUs, dashboard, no GPU) and a worker (1 CPU, 1 fake GPU) on loopback, started
+    with `ray start --block` in their own process groups and stopped by process group."""
     tmp = Path(tempfile.mkdtemp(prefix="vsj-"))  # short: Ray's unix socket paths
     marker = new_marker()
     env = node_env(marker, tmp)
     gcs_port, dash_port, agent_port, client_port, worker_agent_port = free_ports(5)
-    gcs = f"127.0.0.11:{gcs_port}"  # not 127.0.0.1: `ray start` swaps it for the machine's address
+    gcs = f"{HEAD_IP}:{gcs_port}"
     dashboard = f"http://127.0.0.1:{dash_port}"
     (tmp / "h").mkdir()
     (tmp / "w").mkdir()
-    head_argv = ray_head_argv(RAY, "127.0.0.11", [gcs_port, dash_port, agent_port, client_port],
+    head_argv = ray_head_argv(RAY, HEAD_IP, [gcs_port, dash_port, agent_port, client_port],
                               tmp / "h", 2)
     worker_argv = [RAY, "start", "--block", "--address", gcs,
-                   "--node-ip-address", "127.0.0.2", "--temp-dir", str(tmp / "w"),
-                   "--num-cpus", "1", "--dashboard-agent-listen-port", str(worker_agent_port)]
+                   "--node-ip-address", WORKER_IP, "--temp-dir", str(tmp / "w"),
+                   "--num-cpus", "1", "--num-gpus", "1",
+                   "--dashboard-agent-listen-port", str(worker_agent_port)]
     nodes: list[subprocess.Popen] = []
-    node_logs = [(tmp / "head.out").open("w"), (tmp / "worker.out").open("w")]
     t0 = time.monotonic()
     try:
-        nodes.append(subprocess.Popen(head_argv, env=env, stdout=node_logs[0],
-                                      stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True))
-        wait_for_nodes(gcs, 1, env, nodes, timeout_s=180)
-        nodes.append(subprocess.Popen(worker_argv, env=env, stdout=node_logs[1],
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True))
-        wait_for_nodes(gcs, 2, env, nodes, timeout_s=180)
+        nodes.append(start_node(head_argv, env, tmp / "head.out"))
+        wait_started(nodes[0], tmp / "head.out", timeout_s=180)
+        nodes.append(start_node(worker_argv, env, tmp / "worker.out"))
+        wait_started(nodes[1], tmp / "worker.out", timeout_s=180)
         wait_for_dashboard(dashboard, nodes[0], timeout_s=120)
         print(f"\ncluster up in {time.monotonic() - t0:.0f} s")
         yield JobCluster(dashboard, env, marker, tmp)
     finally:
-        for node in reversed(nodes):  # worker first, then the head
-            stop_group(node)
-        for log in node_logs:
-            log.close()
+        stop_nodes(nodes)
         left = wait_no_marked_processes(marker)
         print(f"teardown done at {time.monotonic() - t0:.0f} s; processes left: {left}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -262,11 +246,14 @@ def assert_one_complete_trial(results: Path, logs: str) -> None:
                                         logs[-4000:])
     assert row["completed"] == NUM_PROMPTS and row["failed"] == 0
     assert row["sweep"] == NAME
+    assert row["node_ip"] == WORKER_IP  # not the driver's node
     assert (results / NAME / "optuna.journal").is_file()
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_ray_job_submit_runs_a_sweep_on_a_two_node_cluster(tiny_model, job_cluster):
+    """Guards issue 4: `ray job submit -- vllm-sweep run` on an existing cluster joins it (no
+    private Ray in the job) and writes the Parquet where the sweep says."""
     c = job_cluster
     job_dir = c.tmp / "job"
     job_dir.mkdir()
@@ -277,7 +264,7 @@ def test_ray_job_submit_runs_a_sweep_on_a_two_node_cluster(tiny_model, job_clust
     # The working dir holds just sweep.yaml: a small upload, no .venv, no models/.
     submit = submit_job(c.dashboard, job_dir, job_id, c.env, timeout_s=240)
     assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
-    status = wait_terminal(c.dashboard, job_id, timeout_s=660)
+    status = wait_terminal(c.dashboard, job_id, timeout_s=480)
     logs = job_logs(c.dashboard, job_id)
     print(f"job {job_id}: {status} after {time.monotonic() - t0:.0f} s")
     assert status == "SUCCEEDED", f"job status {status}; logs:\n{logs[-6000:]}"
@@ -296,16 +283,16 @@ def write_relative_repo(repo: Path, model: Path) -> str:
     (repo / "models" / "tiny-llama").symlink_to(model)
     shutil.copy(ROOT / "search_spaces" / "tiny_cpu.yaml", repo / "search_spaces")
     (repo / ".gitignore").write_text("/models\n/results/\n")
-    spec = yaml.safe_load(write_job_sweep(repo, model, repo / "unused").read_text())
-    (repo / "sweep.yaml").unlink()
-    spec.update({"model": "models/tiny-llama", "search_space": "search_spaces/tiny_cpu.yaml",
-                 "results_dir": "results"})
+    spec = job_spec("models/tiny-llama", "search_spaces/tiny_cpu.yaml", "results")
     (repo / "sweeps" / "rel.yaml").write_text(yaml.safe_dump(spec))
     return "sweeps/rel.yaml"
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_relative_sweep_submitted_in_place_and_refused_when_uploaded(tiny_model, job_cluster):
+    """Guards issue 20: a relative results_dir in Ray's uploaded copy would vanish with Ray's
+    temp dir (refused, one line); `vllm-sweep submit` runs the same sweep in place, the trial on
+    the worker node finding the relative model, and prints the durable place."""
     c = job_cluster
     repo = c.tmp / "repo"
     sweep = write_relative_repo(repo, tiny_model)
@@ -322,10 +309,10 @@ def test_relative_sweep_submitted_in_place_and_refused_when_uploaded(tiny_model,
         in logs and "vllm-sweep submit" in logs, logs[-3000:]
     assert not (repo / "results").exists()
 
-    # vllm-sweep submit: the job runs in repo/ itself (local://), on both nodes.
+    # vllm-sweep submit: the job runs in repo/ itself (local://), its trial on the worker.
     job_id = f"vsweep-rel-{c.marker[:8]}"
-    out = retry_while_no_agent([*CLI, "submit", sweep, "--address", c.dashboard,
-                                "--submission-id", job_id], repo, c.env, timeout_s=660)
+    out = vllm_sweep_submit([sweep, "--address", c.dashboard, "--submission-id", job_id],
+                            repo, c.env)
     print(f"vllm-sweep submit: exit {out.returncode} after {time.monotonic() - t0:.0f} s")
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     printed = re.findall(r"results: (\S+)$", out.stdout, re.MULTILINE)

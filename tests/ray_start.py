@@ -1,0 +1,68 @@
+"""Ray nodes started with `ray start --block` for the tests that need Ray's own CLI and job
+server (tests/e2e/test_ray_job_submit.py, tests/e2e/test_cluster_yaml.py): each node a child in
+its own session, its output in a file, stopped by process group (stop_nodes).
+
+A node is up when its `ray start` prints "Ray runtime started.": `ray start` prints it only once
+the node's raylet is registered with the GCS (ray/_private/node.py waits for the node's info
+there), so the line is the event, and no test needs a driver that joins the cluster to count
+nodes. Ray's log monitor is left out (`--include-log-monitor=false`): it only forwards worker
+output to drivers that join; a job's own log is the job driver's output file, which the job
+server reads without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import group_pids
+
+NODE_STARTED = "Ray runtime started."
+NO_LOG_MONITOR = "--include-log-monitor=false"
+
+
+def start_node(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """`argv` (a `ray start --block ...`) without Ray's log monitor, in its own session,
+    stdout and stderr into `log_path`."""
+    with log_path.open("w") as log:
+        return subprocess.Popen([*argv, NO_LOG_MONITOR], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def wait_started(node: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    """Until the node's `ray start` printed NODE_STARTED (its raylet is in the GCS); fails the
+    test if it exits first or the safety-net timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    while NODE_STARTED not in log_path.read_text(errors="replace"):
+        if node.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"`ray start` not up (exit code {node.poll()}): "
+                        f"{log_path.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)
+
+
+def stop_nodes(nodes: list[subprocess.Popen], grace_s: float = 20.0) -> None:
+    """SIGTERM the process group of every node at once (each `ray start --block` then stops its
+    own processes), wait until the groups are empty (up to `grace_s`), SIGKILL what is left:
+    tests.helpers.stop_group for several nodes side by side, not one after another."""
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(node.poll() is None or group_pids(node.pid) for node in nodes):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.wait(timeout=30)
+        psutil.wait_procs(group_pids(node.pid), timeout=10)
