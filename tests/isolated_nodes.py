@@ -93,14 +93,17 @@ def ray_worker_argv(address: str, ip: str, folder: Path, num_cpus: int, num_gpus
                     resources: Mapping[str, float], agent_port: int) -> list[str]:
     """`ray start --block` joining the GCS at `address` as a worker node at `ip`, its Ray folder
     in `folder`; the dashboard agent's HTTP port given (its default, 52365, is one per machine),
-    worker ports picked by the OS (as ray.cluster_utils does)."""
+    worker ports picked by the OS and no log monitor (as ray.cluster_utils does for its worker
+    nodes: vllm-sweep's drivers take no worker output, log_to_driver=False, and fetch a
+    server's log from its node)."""
     return [RAY, "start", "--block", "--disable-usage-stats", "--address", address,
             "--node-ip-address", ip, "--temp-dir", str(folder / "ray"),
             "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus),
             "--resources", json.dumps(dict(resources)),
             "--object-store-memory", str(OBJECT_STORE_BYTES),
             "--dashboard-agent-listen-port", str(agent_port),
-            "--min-worker-port", "0", "--max-worker-port", "0"]
+            "--min-worker-port", "0", "--max-worker-port", "0",
+            "--include-log-monitor=false"]
 
 
 def namespace_argv(parent: Path, folder: Path, command: list[str]) -> list[str]:

@@ -1,6 +1,10 @@
-"""Real pipeline parallelism across two emulated Ray nodes (distinct loopback IPs).
+"""Real pipeline parallelism across two emulated Ray nodes (distinct loopback IPs), and the
+contract of tests/isolated_nodes.py (#32) those nodes keep: an isolated node sees neither the
+head's files nor another node's, nor their processes, as another host would not; the host reads
+what a node leaves in its TMPDIR.
 
-The cluster is started by this test and the sweep joins it through `cluster.address`: a head
+The cluster is this module's (one for both tests: neither is about the cluster's own start, stop
+or failure) and the sweep joins it through `cluster.address`: a head
 from ray.cluster_utils that holds no CPU (the GCS, and the raylet of the driver, which runs in
 this process), and two isolated nodes (tests/isolated_nodes.py, #32), each in its own mount and
 PID namespace with its own TMPDIR, HOME and caches, every process tagged with a marker env var.
@@ -13,12 +17,19 @@ hosts (vLLM's "File does not exist" for the logging config that eeb7f4a wrote).
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers import HEAD_IP
 from tests.helpers import NO_REMEASURE
 from tests.helpers import cli_in_process
 from tests.helpers import joined_cli_env
@@ -31,14 +42,101 @@ from tests.isolated_nodes import isolated_cluster
 pytestmark = pytest.mark.server
 
 
-@pytest.fixture
-def two_node_cluster(short_tmp) -> Iterator[IsolatedCluster]:
+NODES = ("127.0.0.2", "127.0.0.3")
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster() -> Iterator[IsolatedCluster]:
     """A head with no CPU and two isolated nodes at 127.0.0.2 and 127.0.0.3 (1 CPU each), all
-    under short_tmp. The head stays in this process's namespaces, so it would see the nodes'
-    files: it takes no trial work."""
-    with isolated_cluster(short_tmp, {"num_cpus": 0}, [{"ip": "127.0.0.2", "num_cpus": 1},
-                                                       {"ip": "127.0.0.3", "num_cpus": 1}]) as cluster:
-        yield cluster
+    under one short private folder (`cluster_dir`: every test's driver files go in a folder of
+    it, which the nodes do not see). The head stays in this process's namespaces, so it would
+    see the nodes' files: it takes no trial work."""
+    parent = Path(tempfile.mkdtemp(prefix="vst-mn-"))  # short: Ray's socket paths
+    try:
+        with isolated_cluster(parent, {"num_cpus": 0},
+                              [{"ip": ip, "num_cpus": 1} for ip in NODES]) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def cluster_dir(cluster: IsolatedCluster) -> Path:
+    """The folder every node's folder lies in (the head's Ray folder too)."""
+    return cluster.nodes[0].folder.parent
+
+
+# Pinned to each node: write a file in the task's TMPDIR. Pinned to each node again: where its
+# TMPDIR and HOME are, which of those files it sees, and the raylets in its process table.
+PROBE = """
+import json, os, sys, tempfile
+import psutil, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
+
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+node_of = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+@ray.remote(num_cpus=0)
+def write(name):
+    path = os.path.join(tempfile.gettempdir(), name)
+    with open(path, "w") as f:
+        f.write(name)
+    return path
+
+@ray.remote(num_cpus=0)
+def look(paths):
+    raylets = []  # the node address each raylet in this process table serves
+    for p in psutil.process_iter():
+        try:
+            if p.name() == "raylet":
+                raylets += [a.split("=", 1)[1] for a in p.cmdline()
+                            if a.startswith("--node_ip_address=")]
+        except psutil.Error:
+            pass
+    return {"tmp": tempfile.gettempdir(), "home": os.path.expanduser("~"),
+            "sees": {p: os.path.exists(p) for p in paths}, "raylets": raylets}
+
+ips = sys.argv[2:]
+files = {ip: ray.get(write.options(scheduling_strategy=On(node_of[ip], soft=False)).remote(
+    "from-" + ip)) for ip in ips}
+views = {ip: ray.get(look.options(scheduling_strategy=On(node_of[ip], soft=False)).remote(
+    list(files.values()))) for ip in ips}
+print(json.dumps({"files": files, "views": views}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_isolated_node_sees_neither_the_heads_files_nor_its_processes(two_node_cluster):
+    """Guards #32's emulation: an emulated node that could read a file only another node (or
+    the head) has, or find another node's raylet, lets a multi-node test pass where real hosts
+    fail (vLLM's workers read a logging config only the server actor's node had)."""
+    cluster = two_node_cluster
+    node, other = cluster.nodes
+    res = subprocess.run([sys.executable, "-c", PROBE, cluster.address, HEAD_IP, *NODES],
+                         capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, RAY_ADDRESS=""))
+    assert res.returncode == 0, res.stderr[-3000:] + node.log_tail() + other.log_tail()
+    seen = json.loads(res.stdout.strip().splitlines()[-1])
+    files, views = seen["files"], seen["views"]
+    head_file, node_file, other_file = files[HEAD_IP], files[node.ip], files[other.ip]
+    on_head, on_node, on_other = views[HEAD_IP], views[node.ip], views[other.ip]
+
+    # Each node's TMPDIR is its own folder under the cluster's; the node's HOME is its folder.
+    assert on_head["tmp"] == str(cluster_dir(cluster) / "head")
+    assert on_node["tmp"] == on_node["home"] == str(node.folder)
+    assert on_other["tmp"] == on_other["home"] == str(other.folder)
+    # The head's file is not on an isolated node, nor is anything else of the cluster's
+    # folder: another node's file neither.
+    assert on_head["sees"][head_file] is True
+    assert on_node["sees"] == {head_file: False, node_file: True, other_file: False}
+    assert on_other["sees"] == {head_file: False, node_file: False, other_file: True}
+    # The host reads a node's TMPDIR (the leftovers checks): the node's file is there.
+    assert (node.folder / f"from-{node.ip}").read_text() == f"from-{node.ip}"
+    # A node's process table holds its own raylet only; the head's shows every node's.
+    assert on_node["raylets"] == [node.ip] and on_other["raylets"] == [other.ip]
+    assert {HEAD_IP, *NODES} <= set(on_head["raylets"]), on_head["raylets"]
+
+
+PROMPTS = 8  # each crosses both stages; more only add load time
 
 
 def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
@@ -52,8 +150,8 @@ def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
         "name": "pp", "model": str(model), "search_space": str(space),
         # PP on CPU needs torch.compile: --enforce-eager skips the inter-stage buffers.
         "server": {"args": {"max-model-len": 512}, "host": "node", "startup_timeout_s": 420},
-        "workload": {"num_prompts": 24, "input_len": 64, "output_len": 16,
-                     "max_concurrency": 4, "warmup_requests": 4},
+        "workload": {"num_prompts": PROMPTS, "input_len": 64, "output_len": 16,
+                     "max_concurrency": 4, "warmup_requests": 2},
         "sla": {"p99_ttft_ms": 60000},
         "search": {**NO_REMEASURE, "n_trials": 1, "baseline": False},
         "cluster": {"address": address, "cpus_per_worker": 1},
@@ -63,22 +161,28 @@ def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
 
 
 @pytest.mark.timeout(900)
-def test_pipeline_stages_span_two_nodes(tiny_model, short_tmp, two_node_cluster):
+def test_pipeline_stages_span_two_nodes(tiny_model, two_node_cluster):
+    """Guards #32 defect 1: a PP = 2 server whose stages cannot reach each other's files (the
+    logging config eeb7f4a handed vLLM's workers) or that caches under the driver's folder
+    (168b50e); one trial on the smallest layout that splits a server across two hosts."""
     address, marker = two_node_cluster.address, two_node_cluster.marker
-    sweep = write_pp_sweep(short_tmp, tiny_model, address)
+    # The driver's folder lies in the cluster's: no node sees it, as on real hosts.
+    tmp = cluster_dir(two_node_cluster) / "pp"
+    tmp.mkdir()
+    sweep = write_pp_sweep(tmp, tiny_model, address)
     # No VLLM_SWEEP_CACHE_DIR of this machine's (the repository's .cache, which every emulated
     # node would share): the servers' caches take sweep/loader.py cache_dir's default, a path
-    # under short_tmp or a node's HOME, private to each node here as on real hosts.
-    env = joined_cli_env(marker, short_tmp, short_tmp)
+    # under the driver's folder or a node's HOME, private to each node here as on real hosts.
+    env = joined_cli_env(marker, tmp, cluster_dir(two_node_cluster))
     env.pop("VLLM_SWEEP_CACHE_DIR", None)
-    res = cli_in_process("run", str(sweep), cwd=short_tmp, env=env)
-    log = (short_tmp / "results/pp/logs/trial-00000.log")
+    res = cli_in_process("run", str(sweep), cwd=tmp, env=env)
+    log = (tmp / "results/pp/logs/trial-00000.log")
     log_text = log.read_text() if log.exists() else ""
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + log_text[-3000:]
-    trials = read_trials(short_tmp / "results", "pp")
+    trials = read_trials(tmp / "results", "pp")
     row = trials.iloc[0]
     assert row["state"] == "COMPLETE", (row["fail_reason"], row["fail_detail"], log_text[-3000:])
-    assert row["completed"] == 24
+    assert row["completed"] == PROMPTS
     placement = list(row["placement"])
     assert len(placement) == 2 and len(set(placement)) == 2, placement
     assert row["node_count"] == 2
@@ -102,6 +206,6 @@ def test_pipeline_stages_span_two_nodes(tiny_model, short_tmp, two_node_cluster)
     for node in two_node_cluster.nodes:
         assert vsweep_leftovers(node.folder) == [], node.ip
     # A joined cluster's servers cache under their node's HOME, not the driver's directory.
-    assert not (short_tmp / ".cache").exists()
+    assert not (tmp / ".cache").exists() and not (cluster_dir(two_node_cluster) / ".cache").exists()
     assert any((node.folder / ".cache" / "vllm-sweep" / "vllm").is_dir()
                for node in two_node_cluster.nodes)
