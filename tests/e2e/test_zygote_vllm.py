@@ -2,7 +2,13 @@
 multiprocessing's spawn through the shim gives a fork of the zygote that behaves as a spawned
 process (exit codes, signals); a real vLLM CPU server forked from it answers as the session's
 spawned server does, runs as vLLM's three processes, all forks, in one process group that
-cluster/server.py's stop finds; and killing its requester (the actor) ends all of it."""
+cluster/server.py's stop finds; and killing its requester (the actor) ends all of it.
+
+It guards the warm_start lever's vLLM-specific failures: a fork that exits or dies unlike a
+spawned process (vLLM reads its children's exit codes), a forked server that answers unlike a
+spawned one, forks outside the group the stop ends, and forks that outlive their actor. One
+zygote and one forked server, the least that show them (the spawned server compared with is
+the session's `vllm_server`)."""
 
 from __future__ import annotations
 
@@ -71,7 +77,8 @@ def report(q):
 def leave(code):
     sys.exit(code)
 
-def wait():
+def wait(q):
+    q.put("up")
     time.sleep(120)
 
 if __name__ == "__main__":
@@ -80,7 +87,8 @@ if __name__ == "__main__":
     p = ctx.Process(target=report, args=(q,)); p.start()
     print("report", *q.get(timeout=60)); p.join(60); print("exitcode", p.exitcode)
     p = ctx.Process(target=leave, args=(7,)); p.start(); p.join(60); print("exitcode", p.exitcode)
-    p = ctx.Process(target=wait); p.start(); time.sleep(1); p.terminate(); p.join(60)
+    p = ctx.Process(target=wait, args=(q,)); p.start(); q.get(timeout=60); p.terminate()
+    p.join(60)
     print("exitcode", p.exitcode)
 """
 
