@@ -1,9 +1,15 @@
-"""sweeps/capacity_target.yaml end to end on real vLLM CPU servers (2 trials, capacity mode,
-`target:` and `pricing:`) on the shared Ray: the run exits 0, prints the fleet answer, and the
-printed answer and every trial row's fleet columns equal fleet_for() recomputed from the row's
+"""sweeps/capacity_target.yaml end to end on a real vLLM CPU server (capacity mode, `target:`
+and `pricing:`) on the shared Ray: the run exits 0, prints the fleet answer, and the printed
+answer and every trial row's fleet columns equal fleet_for() recomputed from the row's
 capacity_rps; each trial's capacity is the highest rate step whose SLA held, its steps stored
 per request; the shipped configuration exported in every format (#20), each checked by its
-platform's schema."""
+platform's schema.
+
+One trial (vLLM's defaults, the example's first), not the example's two: every check here is
+per trial row or of the shipped row, which one real server's row already fails on (fleet
+columns not from capacity_rps, a printed answer or export not from the rows, a capacity that is
+not the highest held step, a CPU deployment exported with a GPU image or limit). Which of
+several trials ships and is printed is test_decision_fake.py's, on FakeEngine (#31)."""
 
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ def test_capacity_target_example_prints_the_fleet_of_its_rows(shared_ray, tiny_m
     spec = yaml.safe_load((ROOT / "sweeps" / "capacity_target.yaml").read_text())
     spec.update(model=str(tiny_model), results_dir=str(short_tmp / "results"),
                 search_space=str(ROOT / spec["search_space"]))
+    spec["search"]["n_trials"] = 1  # the baseline: one vLLM server (module docstring)
     sweep = short_tmp / "capacity_target.yaml"
     sweep.write_text(yaml.safe_dump(join_shared(spec, shared_ray)))
     res = run_joined(shared_ray, ["run", str(sweep), "--summary-json", str(short_tmp / "s.json")],
@@ -45,7 +52,7 @@ def test_capacity_target_example_prints_the_fleet_of_its_rows(shared_ray, tiny_m
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
 
     trials = read_trials(short_tmp / "results", "capacity_target")
-    assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason", "fail_detail"]]
+    assert list(trials["state"]) == ["COMPLETE"], trials[["fail_reason", "fail_detail"]]
     for _, row in trials.iterrows():
         fleet = fleet_for(1000, row["capacity_rps"], headroom=0.2, price_per_replica_hour=0.10)
         assert row["capacity_rps"] > 0, row["sla_violations"]

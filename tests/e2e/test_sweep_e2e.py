@@ -1,4 +1,17 @@
-"""A real sweep on real parts: local Ray, vLLM CPU servers, Optuna journal, Parquet read back."""
+"""A real sweep on real parts: local Ray, vLLM CPU servers, Optuna journal, Parquet read back.
+
+ONE module-scoped sweep (`e2e`) serves every test here, each test one thing it must show:
+1. `vllm-sweep run` as the README runs it, a child process on a private Ray: two vLLM CPU
+   servers started side by side (start-ahead), the baseline and one tuned trial measured,
+   a verdict; then what the run left (processes, files, shared memory);
+2. the same sweep again, in-process and joined to the session's shared Ray (RAY_ADDRESS; what
+   is tested is the study, not Ray: a private Ray would cost a start for nothing to run), on the
+   complete study: nothing to run;
+3. `run --add-trials 1`, a child process again, Ctrl-C'd (SIGINT to its process group) while
+   the added trial's vLLM is starting: exit 130, every process stopped, the trial recorded
+   FAIL(interrupted) as number 2 (the study's numbering continued), the two measured rows kept.
+The report of the sweep is rendered last.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +32,8 @@ import yaml
 from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.engine.startup_log import read_marks
 from framework.results.diagnosis import VERDICTS
-from tests.browser import check_sweep_report
+from tests.browser import check_report
+from tests.helpers import CLI
 from tests.helpers import cli_env
 from tests.helpers import cli_in_process
 from tests.helpers import new_engine_core
@@ -27,40 +41,75 @@ from tests.helpers import new_marker
 from tests.helpers import read_trials
 from tests.helpers import read_until
 from tests.helpers import run_cli
-from tests.helpers import shared_memory
-from tests.helpers import start_driver
+from tests.helpers import run_joined
 from tests.helpers import vllm_leftovers
 from tests.helpers import vsweep_leftovers
 from tests.helpers import wait_no_marked_processes
 from tests.helpers import write_sweep
+from tests.leftovers import ShmWatch
 
 pytestmark = pytest.mark.server
 PHASES = [name for name, _ in STARTUP_PHASE_COLUMNS]
 
 
 @dataclass(frozen=True)
+class Interrupted:
+    """`run --add-trials 1` Ctrl-C'd while its trial's vLLM was starting: whether vLLM had
+    started (its EngineCore existed, the server not ready) when SIGINT came, the exit code,
+    stdout and stderr, and the processes still running afterwards."""
+
+    engine_started: bool
+    returncode: int
+    out: str
+    left_processes: list[str]
+
+
+@dataclass(frozen=True)
 class E2ESweep:
-    """The module's real sweep, run as the README runs it (a `vllm-sweep run` child process on
-    a private Ray, two vLLM CPU servers side by side with start-ahead), then run again on the
-    complete study, then extended by one trial; what each step printed and left."""
+    """The module's real sweep (see the module docstring): what each step printed and left."""
 
     tmp: Path
     sweep: Path
+    env: dict[str, str]
     first: subprocess.CompletedProcess
     left_processes: list[str]
     left_files: list[str]
     left_vllm_files: list[str]
-    new_shared_memory: set[str]
+    leaked_shared_memory: set[str]
     trials: pd.DataFrame  # after the first run
     again: subprocess.CompletedProcess
     trials_again: pd.DataFrame
-    more: subprocess.CompletedProcess
-    trials_more: pd.DataFrame
-    env: dict[str, str]
+    interrupted: Interrupted
+    trials_after: pd.DataFrame  # after the interrupted run
+
+
+def _in_a_terminal() -> None:
+    """Ctrl-C's default action, as in a terminal (a test run from a background job would hand
+    the driver an ignored SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interrupt_mid_trial(args: list[str], cwd: Path, env: dict[str, str],
+                        marker: str) -> Interrupted:
+    """`vllm-sweep ARGS` as a child in its own session; once it starts a server and that
+    server's vLLM has its EngineCore, SIGINT to the child's process group (Ctrl-C)."""
+    proc = subprocess.Popen([*CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_in_a_terminal)
+    try:
+        seen = read_until(proc, "starting server", timeout_s=300)
+        started = "starting server" in seen and new_engine_core(marker, set(), timeout_s=240)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    return Interrupted(started, proc.returncode, seen + out, wait_no_marked_processes(marker))
 
 
 @pytest.fixture(scope="module")
-def e2e(tiny_model) -> Iterator[E2ESweep]:
+def e2e(tiny_model, shared_ray) -> Iterator[E2ESweep]:
     tmp = Path(tempfile.mkdtemp(prefix="vst-"))  # short: Ray's socket paths
     marker = new_marker()
     env = cli_env(marker, tmp)
@@ -68,21 +117,23 @@ def e2e(tiny_model) -> Iterator[E2ESweep]:
     doc = yaml.safe_load(sweep.read_text())
     doc["cluster"] = {"start_ahead": 1}  # both servers start side by side, each measured alone
     sweep.write_text(yaml.safe_dump(doc))
-    shm_before = shared_memory()
     try:
-        first = run_cli(["run", str(sweep)], tmp, env, timeout_s=600)
+        with ShmWatch(marker) as shm:
+            first = run_cli(["run", str(sweep)], tmp, env, timeout_s=600)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         left = wait_no_marked_processes(marker)
         files, vllm_files = vsweep_leftovers(tmp), vllm_leftovers(tmp)
-        new_shm = shared_memory() - shm_before
+        leaked = shm.leaked()
         trials = read_trials(tmp / "results", "e2e")
-        # the process boundary was checked above; the same sweep again and extended in-process
-        again = cli_in_process("run", str(sweep), cwd=tmp, env=env)
+        # the process boundary was checked above; the same sweep again in-process
+        again = run_joined(shared_ray, ["run", str(sweep)], tmp,
+                           env={"RAY_ADDRESS": shared_ray.address})
         trials_again = read_trials(tmp / "results", "e2e")
-        more = cli_in_process("run", str(sweep), "--add-trials", "1", cwd=tmp, env=env)
-        trials_more = read_trials(tmp / "results", "e2e")
-        yield E2ESweep(tmp, sweep, first, left, files, vllm_files, new_shm, trials, again,
-                       trials_again, more, trials_more, env)
+        interrupted = interrupt_mid_trial(["run", str(sweep), "--add-trials", "1"], tmp, env,
+                                          marker)
+        trials_after = read_trials(tmp / "results", "e2e")
+        yield E2ESweep(tmp, sweep, env, first, left, files, vllm_files, leaked, trials, again,
+                       trials_again, interrupted, trials_after)
     finally:
         assert wait_no_marked_processes(marker) == []
         shutil.rmtree(tmp, ignore_errors=True)
@@ -94,15 +145,26 @@ def test_a_two_trial_run_ends_with_a_verdict(e2e):
     assert "vLLM's defaults" in out  # the verdict: a winner only beyond the noise
 
 
-def test_a_run_leaves_no_process_file_or_shared_memory(e2e):
-    """No run folder (server logs, control sockets, zygote folders, the private Ray's session:
-    framework/engine/run_folder.py) is left in the temp dir, no IPC socket or store file of
-    vLLM's, no torch inductor cache or compiler file, and no shared memory in /dev/shm: each
-    server was shut down by vLLM before its processes were killed."""
+def test_a_run_leaves_no_process(e2e):
     assert e2e.left_processes == []
+
+
+def test_a_run_leaves_no_run_folder(e2e):
+    """No run folder (server logs, control sockets, zygote folders, the private Ray's session:
+    framework/engine/run_folder.py) is left in the temp dir."""
     assert e2e.left_files == []
+
+
+def test_a_run_leaves_no_vllm_ipc_or_compiler_file(e2e):
+    """No IPC socket or store file of vLLM's, no torch inductor cache or compiler file."""
     assert e2e.left_vllm_files == []
-    assert e2e.new_shared_memory == set()
+
+
+def test_a_run_leaves_no_shared_memory(e2e):
+    """No shm_broadcast ring or semaphore of its servers in /dev/shm (of those the run's own
+    processes used, tests/leftovers.py: other tests' servers share /dev/shm): each server was
+    shut down by vLLM before its processes were killed."""
+    assert e2e.leaked_shared_memory == set()
 
 
 def test_the_rows_are_the_baseline_then_the_tuned_trial(e2e):
@@ -173,20 +235,8 @@ def test_request_rows_add_up_to_each_trial_row(e2e):
         assert out == row["total_output_tokens"] and inp == row["total_input_tokens"]
 
 
-def test_a_complete_study_runs_nothing_and_duplicates_nothing(e2e):
-    assert e2e.again.returncode == 0, e2e.again.stderr[-2000:]
-    assert "nothing to run" in e2e.again.stdout
-    assert len(e2e.trials_again) == 2
-
-
-def test_add_trials_continues_the_numbering_of_the_same_study(e2e):
-    assert e2e.more.returncode == 0, e2e.more.stdout[-3000:] + e2e.more.stderr[-3000:]
-    trials = e2e.trials_more
-    assert list(trials["trial_number"]) == [0, 1, 2]
-
-
 def test_every_row_carries_its_diagnosis_estimates_and_provenance(e2e):
-    trials = e2e.trials_more
+    trials = e2e.trials
     assert set(trials["diagnosis"]) <= set(VERDICTS) - {"not_measured"}, trials["diagnosis"]
     assert trials["diagnosis_detail"].str.len().gt(20).all()
     assert (trials["est_kv_tokens_capacity"] > 0).all()  # the CPU engine's KV space model
@@ -196,33 +246,42 @@ def test_every_row_carries_its_diagnosis_estimates_and_provenance(e2e):
     assert trials["workload_sha256"].nunique() == 1 and trials["model_config_sha256"].nunique() == 1
 
 
+def test_a_complete_study_runs_nothing_and_duplicates_nothing(e2e):
+    assert e2e.again.returncode == 0, e2e.again.stderr[-2000:]
+    assert "nothing to run" in e2e.again.stdout
+    assert len(e2e.trials_again) == 2
+
+
+def test_add_trials_continues_the_numbering_of_the_same_study(e2e):
+    """The added trial is number 2 of the same study (its run was then interrupted: below)."""
+    assert list(e2e.trials_after["trial_number"]) == [0, 1, 2]
+
+
+def test_ctrl_c_mid_trial_stops_everything(e2e):
+    """SIGINT while the trial's vLLM is starting (EngineCore up, not ready): exit 130, the
+    driver says it was interrupted, no process of the run is left."""
+    stopped = e2e.interrupted
+    assert stopped.engine_started, stopped.out[-3000:]
+    assert stopped.returncode == 130, stopped.out[-3000:]
+    assert "interrupted" in stopped.out
+    assert stopped.left_processes == []
+
+
+def test_ctrl_c_mid_trial_records_it_and_keeps_results(e2e):
+    """The trial in flight is recorded FAIL(interrupted); the measured rows stay as they were."""
+    trials = e2e.trials_after
+    added = trials.iloc[2]
+    assert added["state"] == "FAIL" and added["fail_reason"] == "interrupted"
+    assert list(trials["state"][:2]) == ["COMPLETE", "COMPLETE"]
+    assert list(trials["objective"][:2]) == list(e2e.trials["objective"])
+
+
 def test_the_report_of_the_sweep_renders_with_its_plots(e2e):
     """The report of this real sweep renders in headless Chromium with its plots, no errors."""
-    html, rendered = check_sweep_report(e2e.sweep, e2e.tmp, e2e.env)
+    res = cli_in_process("report", str(e2e.sweep), cwd=e2e.tmp, env=e2e.env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    html = Path(res.stdout.strip().splitlines()[-1])
+    html = html if html.is_absolute() else e2e.tmp / html
+    assert html.is_file(), res.stdout
+    rendered = check_report(html, min_plots=3)
     assert rendered.plot_count >= 3 and html.parent == e2e.tmp / "results" / "e2e"
-
-
-@pytest.mark.timeout(600)
-def test_ctrl_c_mid_trial_stops_everything_and_keeps_results(tiny_model, short_tmp):
-    marker = new_marker()
-    env = cli_env(marker, short_tmp)
-    sweep = write_sweep(short_tmp, tiny_model, n_trials=3, name="intr")
-    proc = start_driver(sweep, short_tmp, env)
-    try:
-        seen = read_until(proc, "starting server", timeout_s=300)
-        assert "starting server" in seen, seen
-        # the server actor is up and vLLM is starting: its EngineCore exists, it is not ready
-        assert new_engine_core(marker, set(), timeout_s=240), seen
-        os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 130, seen + out
-        assert "interrupted" in out
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        left = wait_no_marked_processes(marker)
-    assert left == []
-    trials = read_trials(short_tmp / "results", "intr")
-    assert list(trials["trial_number"]) == [0]
-    assert trials.iloc[0]["state"] == "FAIL" and trials.iloc[0]["fail_reason"] == "interrupted"
