@@ -1,6 +1,6 @@
 """Pure arithmetic over time intervals for the scheduling scale test
-(tests/e2e/test_scheduling_scale.py, which benchmarks/scheduling.py runs at 4x8): the size of
-its emulated cluster, the union of intervals, the busy fraction while trials were queued, and
+(tests/e2e/test_scheduling_scale.py: 2x2 by default, 4x8 in benchmarks/scheduling.py): the size
+of its emulated cluster, the union of intervals, the busy fraction while trials were queued, and
 how many trials waited at once. No Ray, no processes; checked by hand in
 tests/unit/test_scheduling_math.py.
 

@@ -1,16 +1,15 @@
-"""The report of a real results folder: a 4-trial FakeEngine sweep on an emulated one-node Ray
-with 2 fake GPUs (max-num-seqs 2 breaks the TTFT limit and its run stops early; TP=4 fails as
-unplaceable), rendered to HTML and opened in headless Chromium at 1400 px (tests/browser.py):
-units in the table's headers and on the plots' axes, the trial stopped early marked and left
-out of the plots and importances, no column of the trial table out of reach.
+"""The report of a real results folder: a 4-trial FakeEngine sweep on the session's shared Ray
+(8 fake GPUs, driven in-process: tests.helpers.run_joined; max-num-seqs 2 breaks the TTFT limit
+and its run stops early; TP=16 fails as unplaceable), rendered to HTML and opened in headless
+Chromium at 1400 px (tests/browser.py): units in the table's headers and on the plots' axes, the
+trial stopped early marked and left out of the plots and importances, no column of the trial
+table out of reach.
 """
 
 from __future__ import annotations
 
 import html
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
@@ -32,10 +32,14 @@ from tests.browser import check_report
 from tests.browser import external_references
 from tests.browser import render
 from tests.helpers import NAME
-from tests.helpers import ROOT
-from tests.helpers import cli_joined
-from tests.helpers import emulated_cluster
+from tests.helpers import cli_in_process
+from tests.helpers import run_joined
 from tests.helpers import write_fake_sweep
+
+# More ranks than the shared Ray's 8 fake GPUs: the TP the sweep's seed proposes last can never
+# be placed (write_fake_sweep's space offers TP 4, which fits there; same place in the choices,
+# so seed 10 proposes it at the same trial)
+NEVER_FITS_TP = 16
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,17 @@ class FakeSweep:
 
 
 @pytest.fixture(scope="module")
-def fake_sweep(tiny_model) -> Iterator[FakeSweep]:
+def fake_sweep(tiny_model, shared_ray) -> Iterator[FakeSweep]:
     folder = Path(tempfile.mkdtemp(prefix="vst-"))
     try:
-        with emulated_cluster(folder, [{"num_cpus": 4, "num_gpus": 2}]) as (_, address, marker):
-            sweep = write_fake_sweep(folder, tiny_model, address)
-            res = cli_joined(["run", str(sweep)], folder, marker, folder)
+        sweep = write_fake_sweep(folder, tiny_model, shared_ray.address)
+        space = folder / "space.yaml"
+        doc = yaml.safe_load(space.read_text())
+        tp = doc["parameters"]["tensor-parallel-size"]
+        assert tp["choices"] == [1, 4], tp  # write_fake_sweep's: the second one replaced
+        tp["choices"] = [1, NEVER_FITS_TP]
+        space.write_text(yaml.safe_dump(doc, sort_keys=False))
+        res = run_joined(shared_ray, ["run", str(sweep)], folder)
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
         yield FakeSweep(folder, sweep, load_sweep(sweep))
     finally:
@@ -191,13 +200,11 @@ def test_report_without_feasible_or_completed_trials_is_sentences(fake_sweep, tm
 
 @pytest.mark.timeout(300)
 def test_cli_report_writes_the_default_path_and_out(fake_sweep, tmp_path):
-    res = subprocess.run([sys.executable, "-m", "framework.cli", "report", str(fake_sweep.sweep)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    """`vllm-sweep report` in-process (its entry point as a child: tests/unit/test_cli.py)."""
+    res = cli_in_process("report", str(fake_sweep.sweep))
     assert res.returncode == 0, res.stderr
     expected = fake_sweep.store.sweep_dir / "report.html"
     assert res.stdout.strip() == str(expected) and expected.is_file()
     target = tmp_path / "sub" / "mine.html"
-    res = subprocess.run([sys.executable, "-m", "framework.cli", "report", str(fake_sweep.sweep),
-                          "--out", str(target)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    res = cli_in_process("report", str(fake_sweep.sweep), "--out", str(target))
     assert res.returncode == 0 and res.stdout.strip() == str(target) and target.is_file()

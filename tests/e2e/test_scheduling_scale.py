@@ -1,13 +1,22 @@
-"""Scheduling with fakes: SCALE_TRIALS trials (default 16; benchmarks/scheduling.py runs 40) of
-mixed TP/PP shapes served by FakeEngine on an emulated cluster of SCALE_CLUSTER (`NODESxGPUS`,
-default 2x4: 8 fake GPUs; benchmarks/scheduling.py runs it at 4x8, 32 fake GPUs).
-The bugs it guards (the default size queues, mixes shapes and proposes shapes that never fit:
-world size > 8, or TP 8 wider than a node): a device given to two trials at once, a rank
-outside its trial's group or on the wrong node, a never-fitting shape launched or waited for, a
-trial that never ends, and head-of-line blocking (one trial waiting at a time while devices sit
-idle: placement.MAX_WAITING, asserted as several trials waiting at once). The cost is the Ray
-worker processes that FakeEngine's placeholder workers start (one per rank: a 4x8 run starts
-~300), not the trials (docs/BENCHMARKS.md). FakeEngine is a named stand-in
+"""Scheduling with fakes: SCALE_TRIALS trials (default 12) of mixed TP/PP shapes served by
+FakeEngine on an emulated cluster of SCALE_CLUSTER (`NODESxGPUS`, default 2x2: 4 fake GPUs).
+The large version is benchmarks/scheduling.py: it runs this test at 4x8 (32 fake GPUs) with
+40 trials and holds the busy fraction it prints to its target.
+
+The bugs it guards, and why 2x2 is the smallest cluster that still fails on each:
+- a device given to two trials at once (4 devices, trials of 1, 2 and 4 ranks contend for them);
+- a rank outside its trial's group, or on another node than its bundle (a PP 2 group spans
+  both nodes: one node could not show it);
+- a shape that can never fit launched or waited for, of both kinds: TP 4 or 8 wider than a
+  2-GPU node though TP 4 <= 4 devices (a stage's TP ranks share a node), and PP 16 beyond all
+  4 devices;
+- a trial that never ends;
+- head-of-line blocking: one trial waiting at a time while devices sit idle
+  (placement.MAX_WAITING), asserted as several trials waiting for placement at once.
+The space ({1,2,4,8} TP x {1,2,16} PP, seed 5) and SCALE_TRIALS 12 place trials of world
+sizes 1, 2 and 4 on 2x2 (the test asserts at least three sizes and that some never fit).
+The cost is the Ray worker processes that FakeEngine's placeholder workers start (one per
+rank), not the trials (docs/BENCHMARKS.md). FakeEngine is a named stand-in
 (framework/engine/fake_engine.py and the engine contract tests). Asserted from the per-device
 occupancy log that FakeEngine's placeholder workers write (and the launcher, when it releases a
 trial's group). Prints the busy fraction while trials were queued: devices held by placed
@@ -41,8 +50,8 @@ from tests.scheduling_math import most_waiting_at_once
 pytestmark = pytest.mark.server
 
 
-(NODES, GPUS_PER_NODE) = cluster_shape(os.environ.get(SCALE_VAR) or "2x4")
-TRIALS = int(os.environ.get("SCALE_TRIALS") or 16)
+(NODES, GPUS_PER_NODE) = cluster_shape(os.environ.get(SCALE_VAR) or "2x2")
+TRIALS = int(os.environ.get("SCALE_TRIALS") or 12)
 
 
 @pytest.fixture

@@ -64,10 +64,13 @@ def test_fake_engine_sweep_reuses_servers_only_across_run_settings(shared_ray, s
 @pytest.mark.server
 @pytest.mark.timeout(300)
 def test_without_reuse_every_trial_starts_its_own_server(shared_ray, short_tmp):
-    _, results = _fake_reuse_sweep(shared_ray, short_tmp, "noreuse", False)
+    """The grid's first two trials: equal vLLM flags, other max-concurrency (the pair that
+    shares a server with reuse on, above): each starts its own."""
+    _, results = _fake_reuse_sweep(shared_ray, short_tmp, "noreuse", False, n_trials=2)
     trials = read_trials(results, "noreuse")
-    assert not trials["server_reused"].any()
-    assert trials["server_pid"].nunique() == 4
+    assert len(trials) == 2 and not trials["server_reused"].any()
+    assert trials["param_max_num_seqs"].nunique() == 1, trials["param_max_num_seqs"].tolist()
+    assert trials["server_pid"].nunique() == 2
 
 
 @pytest.mark.server
