@@ -48,10 +48,12 @@ def wait_started(node: subprocess.Popen, log_path: Path, timeout_s: float) -> No
         time.sleep(0.2)
 
 
-def stop_nodes(nodes: list[subprocess.Popen], grace_s: float = 20.0) -> None:
+def stop_nodes(nodes: list[subprocess.Popen], grace_s: float = 5.0) -> None:
     """SIGTERM the process group of every node at once (each `ray start --block` then stops its
     own processes), wait until the groups are empty (up to `grace_s`), SIGKILL what is left:
-    tests.helpers.stop_group for several nodes side by side, not one after another."""
+    tests.helpers.stop_group for several nodes side by side, not one after another. The grace
+    is short: no test here is about Ray's own stop, and some of its processes outlast a 20 s
+    SIGTERM grace; the callers then wait until no process of theirs is left."""
     for node in nodes:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.pid, signal.SIGTERM)
