@@ -50,7 +50,7 @@ def test_trace_replay_sweep_runs_and_reads_back(shared_ray, tiny_model, short_tm
 
     requests = duckdb.sql(
         f"SELECT t.param_speed_up AS speed, r.request_index, r.scheduled_s, r.send_s, "
-        f"r.prompt_tokens FROM read_parquet('{short_tmp}/results/trace_replay/requests/**/"
+        f"r.e2el_ms, r.prompt_tokens FROM read_parquet('{short_tmp}/results/trace_replay/requests/**/"
         f"*.parquet', hive_partitioning=true) r JOIN read_parquet('{short_tmp}/results/"
         f"trace_replay/trials/**/*.parquet', hive_partitioning=true) t USING (trial_number) "
         "ORDER BY speed, request_index").df()
@@ -58,9 +58,15 @@ def test_trace_replay_sweep_runs_and_reads_back(shared_ray, tiny_model, short_tm
     for speed, group in requests.groupby("speed"):
         assert list(group["prompt_tokens"]) == lengths
         assert list(group["scheduled_s"]) == pytest.approx(send_offsets(rows, float(speed)))
-        # never sent early; never late by the schedule's whole span (3.9 s at 1x, 1.3 s at 3x):
-        # that catches a wrong speed-up or sends waiting for replies (lateness growing with the
-        # run), not the jitter of a loaded machine, which is no test's business
+        # never sent early (a speed-up applied twice, or sends ahead of the schedule)
         late = group["send_s"] - group["scheduled_s"]
-        span = group["scheduled_s"].max()
-        assert late.min() > -0.01 and late.max() < span, late.describe()
+        assert late.min() > -0.01, late.describe()
+        # sends never wait for replies: the trace has requests due at the same instant (143,
+        # 1457), so some request left while one sent before it was still in flight
+        ends = (group["send_s"] + group["e2el_ms"] / 1000).cummax().shift()
+        assert (group["send_s"] < ends).any(), group[["send_s", "e2el_ms"]]
+    # the 3x replay spread its sends over less time than the 1x one (a speed-up ignored gives
+    # equal spans: 3.9 s each): both measured in this run, so a slower machine's send jitter,
+    # which delays both alike, is not mistaken for a wrong speed-up (no bound in seconds)
+    spans = {float(k): g["send_s"].max() - g["send_s"].min() for k, g in requests.groupby("speed")}
+    assert spans[3.0] < spans[1.0], spans
