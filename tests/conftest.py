@@ -1,5 +1,7 @@
-"""Shared fixtures: the tiny model and a short temp dir (helpers are in tests/helpers.py); the
-order of test files, costliest first, for pytest-xdist's lanes (tests/lanes.py)."""
+"""Shared fixtures: the tiny model and a short temp dir; the order of test files, costliest
+first, for pytest-xdist's lanes (tests/lanes.py). Helpers are in tests/*.py, one module per
+what they serve: paths, procs (processes by marker), cli, clusters, engines, sweeps, streams,
+leftovers, browser, isolated_nodes, ray_start, reservations, scheduling_math."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-from tests.helpers import TINY_MODEL
 from tests.lanes import costliest_first
 from tests.lanes import file_costs
+from tests.paths import ROOT
+from tests.paths import TINY_MODEL
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,7 +1,7 @@
 """Emulated Ray nodes as apart as real hosts (#32): a worker node that cannot see another node's
 files or processes.
 
-ray.cluster_utils' nodes (tests.helpers.emulated_cluster) share this machine's /tmp, HOME and
+ray.cluster_utils' nodes (tests.clusters.emulated_cluster) share this machine's /tmp, HOME and
 process table, so a file one node writes and another reads is found anyway: vLLM's Ray workers
 read a logging config that only the server actor's node had, and the multi-node tests passed
 where real nodes failed. `isolated_node` runs `ray start --block` for a worker node in a mount
@@ -17,7 +17,7 @@ and PID namespace of its own (`unshare`, as root; in a user namespace otherwise)
   driver there (vLLM's EngineCore) finds the raylet by scanning the process table
   (ray/_private/services.py find_node_ids), and would otherwise take the head's;
 - the folder is the same path inside and outside: the host reads what the node left in its
-  TMPDIR (tests.helpers.vsweep_leftovers / vllm_leftovers) as on any node.
+  TMPDIR (tests.leftovers.vsweep_leftovers / vllm_leftovers) as on any node.
 
 Outside P everything is shared, as on one machine: /tmp itself (never mounted over: a clone and
 its venv may live there), /dev/shm, the network (every node on its own loopback address) and the
@@ -44,9 +44,9 @@ from pathlib import Path
 
 import psutil
 
-from tests.helpers import MARKER_VAR
-from tests.helpers import emulated_cluster
-from tests.helpers import free_ports
+from tests.clusters import emulated_cluster
+from tests.clusters import free_ports
+from tests.procs import MARKER_VAR
 
 RAY = str(Path(sys.executable).parent / "ray")
 OBJECT_STORE_BYTES = 150 * 1024 * 1024  # ray.cluster_utils' default for emulated nodes

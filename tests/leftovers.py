@@ -1,5 +1,6 @@
-"""What a test's own processes left in /dev/shm, when other tests (another pytest-xdist lane,
-another user's run) share it.
+"""What a run left behind that it should not: vllm-sweep's and vLLM's files in its temp dir
+(vsweep_leftovers, vllm_leftovers), and what its own processes left in /dev/shm when other
+tests (another pytest-xdist lane, another user's run) share it (ShmWatch).
 
 /dev/shm is one folder for the whole machine: a vLLM server of another lane creates and removes
 its shm_broadcast rings (`psm_*`) and multiprocessing semaphores (`sem.mp-*`) while a sweep of
@@ -16,11 +17,12 @@ mapped or held open while the run went on (ShmWatch, sampling /proc/<pid>/maps a
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
 
-from tests.helpers import MARKER_VAR
+from tests.procs import MARKER_VAR
 
 SHM = Path("/dev/shm")
 PREFIXES = ("psm_", "sem.mp-")
@@ -90,7 +92,7 @@ def in_use_shm() -> set[str]:
 
 
 def marked_pids(marker: str) -> list[int]:
-    """The pids whose environment carries MARKER_VAR=`marker` (tests.helpers.marked_processes,
+    """The pids whose environment carries MARKER_VAR=`marker` (tests.procs.marked_processes,
     read from /proc directly: it is polled)."""
     tag = f"{MARKER_VAR}={marker}".encode()
     found = []
@@ -149,3 +151,29 @@ class ShmWatch:
             if not leaked or time.monotonic() > deadline:
                 return leaked
             time.sleep(0.5)
+
+
+def vsweep_leftovers(tmp: Path) -> list[str]:
+    """What vllm-sweep's processes left in the temp dir `tmp` (cli_env's TMPDIR) after a run:
+    every `vsweep-*` entry (a run folder, `vsweep-<uid>-<run>`, framework/engine/run_folder.py,
+    or a name of older versions) and what a run folder holds, relative to `tmp`."""
+    return sorted(p.relative_to(tmp).as_posix()
+                  for p in [*tmp.glob("vsweep-*"), *tmp.glob("vsweep-*/*")])
+
+
+VLLM_IPC_FILE = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}|vllm_dist_[0-9a-f]{32}")
+
+
+# torch inductor's default cache (`<temp dir>/torchinductor_<user>`) and what gcc leaves of a
+# compile it did not finish (cc*.o, cc*.s): a server's TMPDIR is its private folder
+# (cluster.actors.private_tmp) and inductor's cache the node's cache dir (use_cache_dir)
+COMPILER_FILE = re.compile(r"torchinductor_.*|cc\w{6}\.(o|s|res|c|i|ii)")
+
+
+def vllm_leftovers(tmp: Path) -> list[str]:
+    """What vLLM's processes left in the temp dir `tmp`: ZeroMQ `ipc://` sockets (uuid4 names,
+    vllm/utils/network_utils.py get_open_zmq_ipc_path), FileStore files (`vllm_dist_<hex>`,
+    get_file_store_init_method), torch inductor's cache and compilers' files (COMPILER_FILE);
+    a server's own folder of them is one of `vsweep_leftovers`."""
+    return sorted(p.name for p in tmp.glob("*")
+                  if VLLM_IPC_FILE.fullmatch(p.name) or COMPILER_FILE.fullmatch(p.name))

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import group_pids
+from tests.procs import group_pids
 
 NODE_STARTED = "Ray runtime started."
 NO_LOG_MONITOR = "--include-log-monitor=false"
@@ -51,7 +51,7 @@ def wait_started(node: subprocess.Popen, log_path: Path, timeout_s: float) -> No
 def stop_nodes(nodes: list[subprocess.Popen], grace_s: float = 5.0) -> None:
     """SIGTERM the process group of every node at once (each `ray start --block` then stops its
     own processes), wait until the groups are empty (up to `grace_s`), SIGKILL what is left:
-    tests.helpers.stop_group for several nodes side by side, not one after another. The grace
+    tests.procs.stop_group for several nodes side by side, not one after another. The grace
     is short: no test here is about Ray's own stop, and some of its processes outlast a 20 s
     SIGTERM grace; the callers then wait until no process of theirs is left."""
     for node in nodes:

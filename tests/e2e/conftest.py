@@ -26,7 +26,7 @@ never stop it. A test that needs other flags or a server it may kill starts its 
 `shared_ray` (session scope) is ONE emulated Ray node (8 logical CPUs, 8 fake GPUs, on a
 loopback address) that every sweep joins unless the test is about Ray's own start, stop or
 failure, or about the process boundary (a signal, kill -9, a child's exit code): those keep a
-private Ray or their own emulated cluster. Such sweeps run in-process (tests.helpers.
+private Ray or their own emulated cluster. Such sweeps run in-process (tests.cli.
 run_joined: vLLM's parser is imported once per session, not once per command) and must leave
 no trial process behind; `join_shared` moves a sweep document onto it, keeping at most as many
 trials side by side as the private Ray it replaces allowed.
@@ -46,15 +46,15 @@ import pytest
 from framework.cluster.ports import pick_port
 from framework.engine import control
 from framework.load.loadgen import wait_ready
-from tests.helpers import MARKER_VAR
-from tests.helpers import VLLM_ENGINE
-from tests.helpers import SharedRay
-from tests.helpers import SharedServer
-from tests.helpers import emulated_cluster
-from tests.helpers import new_marker
-from tests.helpers import start_engine
-from tests.helpers import stop_engine
-from tests.helpers import wait_no_marked_processes
+from tests.clusters import SharedRay
+from tests.clusters import emulated_cluster
+from tests.engines import VLLM_ENGINE
+from tests.engines import SharedServer
+from tests.engines import start_engine
+from tests.engines import stop_engine
+from tests.procs import MARKER_VAR
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
 
 SHARED_HOST = "127.0.0.1"
 SHARED_ARGV = ("--max-num-seqs", "8", "--max-model-len", "1024", "--enforce-eager")
@@ -96,9 +96,9 @@ def vllm_server(tiny_model, tmp_path_factory) -> Iterator[SharedServer]:
 @pytest.fixture(scope="session")
 def shared_ray() -> Iterator[SharedRay]:
     """ONE emulated one-node Ray for every sweep that is not about Ray's own start, stop or
-    failure (FakeEngine and vLLM CPU sweeps alike, driven in-process: tests.helpers.run_joined):
+    failure (FakeEngine and vLLM CPU sweeps alike, driven in-process: tests.cli.run_joined):
     8 logical CPUs and 8 fake GPUs on HEAD_IP (a loopback address). A sweep joins it through
-    `cluster.address` (tests.helpers.join_shared) instead of starting a private Ray of its own
+    `cluster.address` (tests.clusters.join_shared) instead of starting a private Ray of its own
     (~10-20 s each). One per xdist lane; a lane's sweeps run one after another; each must leave
     no trial process behind (run_joined asserts it), and the session's end asserts that no
     process of it is left. CPU-engine trials run one at a time whatever the cluster holds

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from framework.trial import measure
-from tests.helpers import NO_REMEASURE
-from tests.helpers import join_shared
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import run_joined
+from tests.clusters import join_shared
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -1,6 +1,6 @@
 """`vllm-sweep bench`: real runs against the session's shared vLLM server (tests/e2e/conftest.py,
 `vllm_server`; its API key sent as vllm bench sends it, OPENAI_API_KEY): prompts, totals, chat,
-and the /metrics sampler. The command runs in this process (tests.helpers.cli_in_process)."""
+and the /metrics sampler. The command runs in this process (tests.cli.cli_in_process)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from framework.engine.server_metrics import summarize
 from framework.load.loadgen import run_load
 from framework.load.workload import Dataset
 from framework.load.workload import load_tokenizer
-from tests.helpers import DETAIL_KEYS
-from tests.helpers import ROOT
-from tests.helpers import SAMPLE
-from tests.helpers import VLLM_KEYS
-from tests.helpers import SharedServer
-from tests.helpers import cli_in_process
+from tests.cli import cli_in_process
+from tests.engines import SharedServer
+from tests.paths import ROOT
+from tests.sweeps import DETAIL_KEYS
+from tests.sweeps import SAMPLE
+from tests.sweeps import VLLM_KEYS
 
 
 @pytest.fixture

@@ -26,11 +26,11 @@ import yaml
 
 from framework.cluster.serve_llm import check_ray_serve_config
 from framework.fleet.sizing import fleet_for
-from tests.helpers import ROOT
-from tests.helpers import cli_in_process
-from tests.helpers import join_shared
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import cli_in_process
+from tests.cli import run_joined
+from tests.clusters import join_shared
+from tests.paths import ROOT
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

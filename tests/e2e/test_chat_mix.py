@@ -16,11 +16,11 @@ import duckdb
 import pytest
 import yaml
 
-from tests.helpers import ROOT
-from tests.helpers import SharedRay
-from tests.helpers import join_shared
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import run_joined
+from tests.clusters import SharedRay
+from tests.clusters import join_shared
+from tests.paths import ROOT
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

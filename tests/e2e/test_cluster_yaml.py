@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli_env
-from tests.helpers import free_ports
-from tests.helpers import new_marker
-from tests.helpers import ray_head_argv
-from tests.helpers import wait_no_marked_processes
+from tests.cli import cli_env
+from tests.clusters import free_ports
+from tests.clusters import ray_head_argv
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
 from tests.ray_start import start_node
 from tests.ray_start import stop_nodes
 from tests.ray_start import wait_started

@@ -25,13 +25,13 @@ from framework.results.decision import sweep_decision
 from tests.browser import CHROMIUM
 from tests.browser import CHROMIUM_FLAGS
 from tests.browser import check_report
-from tests.helpers import NO_REMEASURE
-from tests.helpers import SharedRay
-from tests.helpers import cli_in_process
-from tests.helpers import join_shared
-from tests.helpers import new_marker
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import cli_in_process
+from tests.cli import run_joined
+from tests.clusters import SharedRay
+from tests.clusters import join_shared
+from tests.procs import new_marker
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

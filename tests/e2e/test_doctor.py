@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT
-from tests.helpers import cli_joined
-from tests.helpers import emulated_cluster
-from tests.helpers import table_rows
+from tests.cli import cli_joined
+from tests.cli import table_rows
+from tests.clusters import emulated_cluster
+from tests.paths import ROOT
 
 # A node of the emulated cluster: one CPU (the doctor's CPU server is one bundle of
 # cluster.cpus_per_worker = 1 CPU; fewer CPUs, fewer idle Ray workers started).

@@ -24,10 +24,10 @@ from framework.load.loadgen import run_load
 from framework.load.loadgen import wait_ready
 from framework.load.workload import RequestSpec
 from framework.trial.run import reset_prefix_cache
-from tests.helpers import ENGINES
-from tests.helpers import VLLM_ENGINE
-from tests.helpers import kill_engine
-from tests.helpers import start_engine
+from tests.engines import ENGINES
+from tests.engines import VLLM_ENGINE
+from tests.engines import kill_engine
+from tests.engines import start_engine
 
 
 class ControlledServer:

@@ -22,23 +22,23 @@ import duckdb
 import pytest
 import yaml
 
-from tests.helpers import NO_REMEASURE
-from tests.helpers import SharedRay
-from tests.helpers import cli_env
-from tests.helpers import cli_in_process
-from tests.helpers import cli_process
-from tests.helpers import join_shared
-from tests.helpers import joined_cli_env
-from tests.helpers import marked_processes
-from tests.helpers import new_marker
-from tests.helpers import read_trials
-from tests.helpers import read_until
-from tests.helpers import run_joined
-from tests.helpers import start_driver
-from tests.helpers import vllm_leftovers
-from tests.helpers import vsweep_leftovers
-from tests.helpers import wait_no_marked_processes
-from tests.helpers import wait_no_trial_processes
+from tests.cli import cli_env
+from tests.cli import cli_in_process
+from tests.cli import cli_process
+from tests.cli import joined_cli_env
+from tests.cli import read_until
+from tests.cli import run_joined
+from tests.cli import start_driver
+from tests.clusters import SharedRay
+from tests.clusters import join_shared
+from tests.leftovers import vllm_leftovers
+from tests.leftovers import vsweep_leftovers
+from tests.procs import marked_processes
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
+from tests.procs import wait_no_trial_processes
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -16,16 +16,16 @@ import signal
 import duckdb
 import pytest
 
-from tests.helpers import cli_env
-from tests.helpers import cli_in_process
-from tests.helpers import engine_cores
-from tests.helpers import new_engine_core
-from tests.helpers import new_marker
-from tests.helpers import read_trials
-from tests.helpers import read_until
-from tests.helpers import start_driver
-from tests.helpers import wait_no_marked_processes
-from tests.helpers import write_sweep
+from tests.cli import cli_env
+from tests.cli import cli_in_process
+from tests.cli import read_until
+from tests.cli import start_driver
+from tests.procs import engine_cores
+from tests.procs import new_engine_core
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
+from tests.sweeps import read_trials
+from tests.sweeps import write_sweep
 
 pytestmark = pytest.mark.server
 

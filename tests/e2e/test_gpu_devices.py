@@ -41,12 +41,12 @@ import yaml
 
 from framework.cluster.devices import rank_device
 from framework.cluster.devices import trial_processes
-from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_joined
-from tests.helpers import emulated_cluster
-from tests.helpers import occupancy_events
-from tests.helpers import read_trials
+from tests.cli import cli_joined
+from tests.clusters import emulated_cluster
 from tests.reservations import gpus_held
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import occupancy_events
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -1,5 +1,5 @@
 """The report of a real results folder: a 4-trial FakeEngine sweep on the session's shared Ray
-(8 fake GPUs, driven in-process: tests.helpers.run_joined; max-num-seqs 2 breaks the TTFT limit
+(8 fake GPUs, driven in-process: tests.cli.run_joined; max-num-seqs 2 breaks the TTFT limit
 and its run stops early; TP=16 fails as unplaceable), rendered to HTML and opened in headless
 Chromium at 1400 px (tests/browser.py): units in the table's headers and on the plots' axes, the
 trial stopped early marked and left out of the plots and importances, no column of the trial
@@ -31,10 +31,10 @@ from framework.search.tuner import param_importances
 from tests.browser import check_report
 from tests.browser import external_references
 from tests.browser import render
-from tests.helpers import NAME
-from tests.helpers import cli_in_process
-from tests.helpers import run_joined
-from tests.helpers import write_fake_sweep
+from tests.cli import cli_in_process
+from tests.cli import run_joined
+from tests.sweeps import NAME
+from tests.sweeps import write_fake_sweep
 
 # More ranks than the shared Ray's 8 fake GPUs: the TP the sweep's seed proposes last can never
 # be placed (write_fake_sweep's space offers TP 4, which fits there; same place in the choices,

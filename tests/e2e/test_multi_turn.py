@@ -24,10 +24,10 @@ from framework.load.conversations import transcript
 from framework.load.http_client import get_sync
 from framework.load.prompts import load_tokenizer
 from framework.load.sessions import run_sessions
-from tests.helpers import ROOT
-from tests.helpers import SharedServer
-from tests.helpers import join_shared
-from tests.helpers import run_joined
+from tests.cli import run_joined
+from tests.clusters import join_shared
+from tests.engines import SharedServer
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.server
 

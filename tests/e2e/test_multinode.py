@@ -29,15 +29,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import HEAD_IP
-from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_in_process
-from tests.helpers import joined_cli_env
-from tests.helpers import marked_processes
-from tests.helpers import read_trials
-from tests.helpers import vsweep_leftovers
+from tests.cli import cli_in_process
+from tests.cli import joined_cli_env
+from tests.clusters import HEAD_IP
 from tests.isolated_nodes import IsolatedCluster
 from tests.isolated_nodes import isolated_cluster
+from tests.leftovers import vsweep_leftovers
+from tests.procs import marked_processes
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -1,7 +1,7 @@
 """A node dies during a trial: that trial ends as FAIL(node_lost) and the sweep goes on with the
 remaining nodes (emulated cluster, FakeEngine servers so the trial is long enough to kill).
 
-The sweep runs in this process (tests.helpers.cli_joined) on a cluster of its own, since the test
+The sweep runs in this process (tests.cli.cli_joined) on a cluster of its own, since the test
 is about a node's failure; the node dies from inside the run, as the trial's load starts (the load
 generator's entry, wrapped here), so no output line or time is waited for."""
 
@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from framework.trial import measure
-from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_joined
-from tests.helpers import emulated_cluster
-from tests.helpers import read_trials
+from tests.cli import cli_joined
+from tests.clusters import emulated_cluster
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

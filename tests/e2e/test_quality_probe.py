@@ -51,10 +51,10 @@ from framework.sweep.loader import Sweep
 from framework.sweep.loader import load
 from framework.sweep.loader import server_env
 from framework.sweep.runner import Runner
-from tests.helpers import NO_REMEASURE
-from tests.helpers import SharedRay
-from tests.helpers import join_shared
-from tests.helpers import wait_no_trial_processes
+from tests.clusters import SharedRay
+from tests.clusters import join_shared
+from tests.procs import wait_no_trial_processes
+from tests.sweeps import NO_REMEASURE
 
 pytestmark = pytest.mark.timeout(900)  # the first test runs the module's sweep
 NUM_PROMPTS = 16

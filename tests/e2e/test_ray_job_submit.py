@@ -42,17 +42,17 @@ import duckdb
 import pytest
 import yaml
 
-from tests.helpers import NO_REMEASURE
-from tests.helpers import ROOT
-from tests.helpers import cli_env
-from tests.helpers import cli_in_process
-from tests.helpers import free_ports
-from tests.helpers import new_marker
-from tests.helpers import ray_head_argv
-from tests.helpers import wait_no_marked_processes
+from tests.cli import cli_env
+from tests.cli import cli_in_process
+from tests.clusters import free_ports
+from tests.clusters import ray_head_argv
+from tests.paths import ROOT
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
 from tests.ray_start import start_node
 from tests.ray_start import stop_nodes
 from tests.ray_start import wait_started
+from tests.sweeps import NO_REMEASURE
 
 pytestmark = pytest.mark.server
 
@@ -149,7 +149,7 @@ def submit_job(dashboard: str, job_dir: Path, job_id: str, env: dict[str, str],
 
 def vllm_sweep_submit(args: list[str], cwd: Path, env: dict[str, str],
                       agent_wait_s: float = 240) -> subprocess.CompletedProcess:
-    """`vllm-sweep submit ARGS` in this process (tests.helpers.cli_in_process: it talks to the
+    """`vllm-sweep submit ARGS` in this process (tests.cli.cli_in_process: it talks to the
     dashboard over HTTP and joins no cluster), again while the head's dashboard agent is not
     registered yet (see submit_job)."""
     deadline = time.monotonic() + agent_wait_s

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from framework.results.store import KINDS
-from tests.helpers import NO_REMEASURE
-from tests.helpers import join_shared
-from tests.helpers import run_joined
+from tests.cli import run_joined
+from tests.clusters import join_shared
+from tests.sweeps import NO_REMEASURE
 from tests.unit.results.test_results_doc import DOC
 from tests.unit.results.test_results_doc import column_kinds
 from tests.unit.results.test_results_doc import doc_trial_kinds

@@ -37,16 +37,16 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from tests.helpers import NO_REMEASURE
-from tests.helpers import cli_joined
-from tests.helpers import emulated_cluster
-from tests.helpers import occupancy_events
-from tests.helpers import read_trials
+from tests.cli import cli_joined
+from tests.clusters import emulated_cluster
 from tests.scheduling_math import SCALE_VAR
 from tests.scheduling_math import busy_fraction_while_queued
 from tests.scheduling_math import cluster_shape
 from tests.scheduling_math import merged
 from tests.scheduling_math import most_waiting_at_once
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import occupancy_events
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

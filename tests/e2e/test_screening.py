@@ -14,11 +14,11 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from tests.helpers import NO_REMEASURE
-from tests.helpers import TINY_MODEL
-from tests.helpers import join_shared
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import run_joined
+from tests.clusters import join_shared
+from tests.paths import TINY_MODEL
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 
 @pytest.mark.server

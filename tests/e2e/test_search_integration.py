@@ -16,13 +16,13 @@ import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from tests.helpers import NO_REMEASURE
-from tests.helpers import ROOT
-from tests.helpers import SharedRay
-from tests.helpers import cli_in_process
-from tests.helpers import join_shared
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import cli_in_process
+from tests.cli import run_joined
+from tests.clusters import SharedRay
+from tests.clusters import join_shared
+from tests.paths import ROOT
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

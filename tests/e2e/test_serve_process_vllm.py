@@ -22,9 +22,9 @@ import pytest
 
 from framework.cluster.ports import pick_port
 from framework.load.loadgen import wait_ready
-from tests.helpers import MARKER_VAR
-from tests.helpers import new_marker
-from tests.helpers import wait_no_marked_processes
+from tests.procs import MARKER_VAR
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
 
 HOST = "127.0.0.1"
 

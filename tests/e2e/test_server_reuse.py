@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import NO_REMEASURE
-from tests.helpers import TINY_MODEL
-from tests.helpers import SharedRay
-from tests.helpers import join_shared
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import run_joined
+from tests.clusters import SharedRay
+from tests.clusters import join_shared
+from tests.paths import TINY_MODEL
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 
 def _fake_reuse_sweep(ray: SharedRay, tmp: Path, name: str, reuse: bool,

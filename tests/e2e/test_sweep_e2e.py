@@ -33,20 +33,20 @@ from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.engine.startup_log import read_marks
 from framework.results.diagnosis import VERDICTS
 from tests.browser import check_report
-from tests.helpers import CLI
-from tests.helpers import cli_env
-from tests.helpers import cli_in_process
-from tests.helpers import new_engine_core
-from tests.helpers import new_marker
-from tests.helpers import read_trials
-from tests.helpers import read_until
-from tests.helpers import run_cli
-from tests.helpers import run_joined
-from tests.helpers import vllm_leftovers
-from tests.helpers import vsweep_leftovers
-from tests.helpers import wait_no_marked_processes
-from tests.helpers import write_sweep
+from tests.cli import cli_env
+from tests.cli import cli_in_process
+from tests.cli import read_until
+from tests.cli import run_cli
+from tests.cli import run_joined
 from tests.leftovers import ShmWatch
+from tests.leftovers import vllm_leftovers
+from tests.leftovers import vsweep_leftovers
+from tests.paths import CLI
+from tests.procs import new_engine_core
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
+from tests.sweeps import read_trials
+from tests.sweeps import write_sweep
 
 pytestmark = pytest.mark.server
 PHASES = [name for name, _ in STARTUP_PHASE_COLUMNS]

@@ -12,10 +12,10 @@ import yaml
 from framework.config.trace_spec import TimedTraceSpec
 from framework.load.trace import read_trace
 from framework.load.trace import send_offsets
-from tests.helpers import ROOT
-from tests.helpers import join_shared
-from tests.helpers import read_trials
-from tests.helpers import run_joined
+from tests.cli import run_joined
+from tests.clusters import join_shared
+from tests.paths import ROOT
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 

@@ -33,10 +33,10 @@ from framework.engine.zygote import served_group
 from framework.engine.zygote_shim import SHIM_NAME
 from framework.engine.zygote_shim import SOCKET_VAR
 from framework.load.loadgen import wait_ready
-from tests.helpers import MARKER_VAR
-from tests.helpers import ROOT
-from tests.helpers import new_marker
-from tests.helpers import wait_no_marked_processes
+from tests.paths import ROOT
+from tests.procs import MARKER_VAR
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
 
 pytestmark = pytest.mark.timeout(600)
 HOST = "127.0.0.1"

@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import NO_REMEASURE
-from tests.helpers import ROOT
-from tests.helpers import cli_env
-from tests.helpers import new_marker
-from tests.helpers import read_trials
-from tests.helpers import run_cli
-from tests.helpers import wait_no_marked_processes
+from tests.cli import cli_env
+from tests.cli import run_cli
+from tests.paths import ROOT
+from tests.procs import new_marker
+from tests.procs import wait_no_marked_processes
 from tests.reservations import gpus_held
+from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_trials
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,

@@ -1,6 +1,6 @@
 """The command line as a user meets it: exit codes and one-line errors, no traceback.
 
-Most cases call `framework.cli.main` in this process (tests.helpers.cli_in_process: vLLM is
+Most cases call `framework.cli.main` in this process (tests.cli.cli_in_process: vLLM is
 imported once, not once per case); the entry point itself, `python -m framework.cli` as a
 child process, is tested on the quickstart's `validate`, on `run` of one bad file (nothing
 else printed on stderr, no traceback), on `bench` and on `--help`."""
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-from tests.helpers import cli_in_process
+from tests.cli import cli_in_process
+from tests.paths import ROOT
 
 
 def vllm_sweep(*args: str, cwd: Path = ROOT,

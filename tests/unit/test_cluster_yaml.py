@@ -23,7 +23,7 @@ import yaml
 from ray.autoscaler._private.util import validate_config
 
 from framework.engine.feasibility import GPUS
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 CLUSTER = ROOT / "cluster.yaml"
 

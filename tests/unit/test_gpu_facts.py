@@ -14,7 +14,7 @@ import pytest
 
 from framework.engine import memory_model
 from tests.gpu import gpu_facts
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 GIB = 2**30
 MIB = 2**20

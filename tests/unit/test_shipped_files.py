@@ -17,7 +17,7 @@ from framework.engine.feasibility import read_model_facts
 from framework.engine.flag_check import value_problem
 from framework.sweep import loader as sweep
 from framework.sweep.value_checks import probe_values
-from tests.helpers import ROOT as REPO
+from tests.paths import ROOT as REPO
 
 R1_70B = read_model_facts(REPO / "model_configs" / "deepseek-r1-distill-llama-70b")
 LLAMA_8B = read_model_facts(REPO / "model_configs" / "llama-3.1-8b-instruct")

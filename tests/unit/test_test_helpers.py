@@ -1,15 +1,15 @@
-"""The pure parts of tests/helpers.py that tests rely on to find events, and of
-tests/isolated_nodes.py: what an isolated node inherits and the script of its namespace."""
+"""The pure parts of the test helpers that tests rely on to find events (tests/sweeps.py), and
+of tests/isolated_nodes.py: what an isolated node inherits and the script of its namespace."""
 
 from __future__ import annotations
 
 import shlex
 
-from tests.helpers import MARKER_VAR
-from tests.helpers import trials_on
 from tests.isolated_nodes import SHARED_DIR_VARS
 from tests.isolated_nodes import namespace_argv
 from tests.isolated_nodes import node_env
+from tests.procs import MARKER_VAR
+from tests.sweeps import trials_on
 
 
 def test_trials_on_skips_release_events_and_a_partial_line():

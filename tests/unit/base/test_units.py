@@ -15,7 +15,7 @@ from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
 from framework.config.search_space import load_search_space
 from framework.results.rows import trial_columns
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 
 @pytest.mark.parametrize(("column", "unit"), [

@@ -25,7 +25,7 @@ import pytest
 from framework.base.errors import ClusterError
 from framework.cluster.driver_session import SESSION_VAR
 from framework.cluster.driver_session import DriverSession
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 # ends a wait for what must happen, reached only when it never does: spawned children import
 # the framework (Ray among it), which on two busy cores took over 30 s (session 13, load ~18)

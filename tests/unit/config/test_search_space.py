@@ -14,7 +14,7 @@ from framework.config.search_space import SearchSpace
 from framework.config.search_space import grid_size
 from framework.config.search_space import grid_values
 from framework.config.search_space import load_search_space
-from tests.helpers import ROOT as REPO
+from tests.paths import ROOT as REPO
 
 TINY_CPU = REPO / "search_spaces" / "tiny_cpu.yaml"
 

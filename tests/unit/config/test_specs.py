@@ -14,7 +14,7 @@ from framework.base.vocabulary import is_latency_metric
 from framework.config.search_space import load_search_space
 from framework.config.specs import SearchSpec
 from framework.config.specs import load_sweep
-from tests.helpers import ROOT as REPO
+from tests.paths import ROOT as REPO
 
 # Smallest valid sweep; every malformed case below starts from it.
 BASE = "name: t\nmodel: models/m\nsearch_space: spaces/s.yaml\n"

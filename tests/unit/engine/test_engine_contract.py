@@ -14,7 +14,7 @@ import pytest
 
 from framework.base.errors import TrialError
 from framework.cluster.ports import pick_port
-from tests.helpers import ENGINES
+from tests.engines import ENGINES
 
 
 @pytest.mark.parametrize("module", ENGINES)

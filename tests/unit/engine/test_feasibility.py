@@ -18,7 +18,7 @@ from framework.engine.feasibility import check
 from framework.engine.feasibility import check_cpu
 from framework.engine.feasibility import read_model_facts
 from framework.engine.model_info import ModelInfo
-from tests.helpers import ROOT as REPO
+from tests.paths import ROOT as REPO
 
 R1_70B = read_model_facts(REPO / "model_configs" / "deepseek-r1-distill-llama-70b")
 

@@ -11,7 +11,7 @@ from framework.engine.feasibility import GIB
 from framework.engine.feasibility import GPUS
 from framework.engine.feasibility import check
 from framework.engine.feasibility import read_model_facts
-from tests.helpers import ROOT as REPO
+from tests.paths import ROOT as REPO
 
 LLAMA_8B = read_model_facts(REPO / "model_configs" / "llama-3.1-8b-instruct")
 

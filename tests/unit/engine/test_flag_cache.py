@@ -17,7 +17,7 @@ from framework.engine.flag_check import args_problem
 from framework.engine.flag_check import installed_vllm_flags
 from framework.engine.flag_check import parsed_number
 from framework.engine.flag_check import value_problem
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 
 @pytest.fixture

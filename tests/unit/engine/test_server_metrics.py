@@ -27,7 +27,7 @@ from framework.results.rows import TrialContext
 from framework.results.rows import trial_columns
 from framework.results.rows import trial_row
 from framework.trial.run import TrialOutcome
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 LABELS = 'engine="0",model_name="m"'
 ANSWER_S = 30.0  # timeout of a scrape the server answers at once: no loaded machine reaches it

@@ -25,7 +25,7 @@ from framework.engine.startup_log import StartupPhases
 from framework.engine.startup_log import phases
 from framework.engine.startup_log import process_starts
 from framework.engine.startup_log import read_marks
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures"
 

@@ -36,7 +36,7 @@ from framework.engine.zygote_shim import open_fds
 from framework.engine.zygote_shim import read_replies
 from framework.engine.zygote_shim import send_request
 from framework.engine.zygote_shim import spawn_args
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 
 def _spawn_line(**kwargs) -> list[str]:

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 SERVER = """
 import os, signal, subprocess, sys, threading

@@ -34,7 +34,7 @@ from framework.search.tuner import Tuner
 from framework.sweep.loader import load
 from framework.sweep.runner import Runner
 from framework.trial.objective import evaluate
-from tests.helpers import ROOT
+from tests.paths import ROOT
 from tests.unit.sweep.test_runner_contract import FakeLauncher
 from tests.unit.sweep.test_runner_contract import _sweep
 

@@ -28,11 +28,11 @@ from framework.load.loadgen import LoadResult
 from framework.load.loadgen import RequestRecord
 from framework.load.metrics import compute_metrics
 from framework.load.workload import RequestSpec
-from tests.helpers import DETAIL_KEYS
-from tests.helpers import ROOT
-from tests.helpers import SAMPLE
-from tests.helpers import VLLM_KEYS
-from tests.helpers import cli_in_process
+from tests.cli import cli_in_process
+from tests.paths import ROOT
+from tests.sweeps import DETAIL_KEYS
+from tests.sweeps import SAMPLE
+from tests.sweeps import VLLM_KEYS
 
 OUR_OWN_FLAGS = {"--result-json", "--duration-s", "--request-timeout-s", "--min-prompt-tokens",
                  "--max-prompt-tokens", "--help", "-h"}

@@ -23,11 +23,11 @@ from framework.load.loadgen import RequestRecord
 from framework.load.loadgen import run_load
 from framework.load.metrics import max_in_flight
 from framework.load.workload import RequestSpec
-from tests.helpers import DONE
-from tests.helpers import content
-from tests.helpers import counter_clock
-from tests.helpers import sse
-from tests.helpers import usage
+from tests.streams import DONE
+from tests.streams import content
+from tests.streams import counter_clock
+from tests.streams import sse
+from tests.streams import usage
 
 COMMON_PAYLOAD = {"model": "tiny", "ignore_eos": True, "stream": True,
                   "stream_options": {"include_usage": True}}  # no sampling field unless given
@@ -357,7 +357,7 @@ def test_a_trace_is_sent_as_token_ids_on_its_schedule() -> None:
     from framework.load.trace import read_trace
     from framework.load.trace import send_offsets
     from framework.load.trace_prompts import trace_requests
-    from tests.helpers import ROOT
+    from tests.paths import ROOT
 
     rows = read_trace(ROOT / "datasets" / "mooncake_sample.jsonl",
                       TimedTraceSpec(sec_multiplier=0.001 / 8), 40)

@@ -24,7 +24,7 @@ from framework.trial.measure import Measurement
 from framework.trial.measure import SlaBroken
 from framework.trial.objective import by_class
 from framework.trial.objective import evaluate
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 MODEL_DIR = ROOT / "models" / "tiny-llama"
 

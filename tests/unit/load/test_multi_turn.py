@@ -39,8 +39,8 @@ from framework.load.sharegpt import read_sharegpt_conversations
 from framework.load.sharegpt import sample_sharegpt_conversations
 from framework.load.sharegpt import system_message
 from framework.sweep.trial_load import load_plan
-from tests.helpers import ROOT
-from tests.helpers import TINY_MODEL
+from tests.paths import ROOT
+from tests.paths import TINY_MODEL
 
 SAMPLE = ROOT / "datasets" / "multi_turn_sample.json"
 

@@ -40,11 +40,11 @@ from framework.results.provenance import workload_sha256
 from framework.sweep.trial_load import load_plan
 from framework.trial.measure import Deadline
 from framework.trial.measure import run_once
-from tests.helpers import CLI
-from tests.helpers import DONE
-from tests.helpers import ROOT
-from tests.helpers import content
-from tests.helpers import usage
+from tests.paths import CLI
+from tests.paths import ROOT
+from tests.streams import DONE
+from tests.streams import content
+from tests.streams import usage
 
 NAMES = [name for name, _ in SAMPLING_FLAGS]
 

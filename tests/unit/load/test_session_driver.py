@@ -28,11 +28,11 @@ from framework.trial.measure import LoadPlan
 from framework.trial.measure import Measurement
 from framework.trial.measure import measure_fixed
 from framework.trial.run import TrialOutcome
-from tests.helpers import DONE
-from tests.helpers import content
-from tests.helpers import counter_clock
-from tests.helpers import sse
-from tests.helpers import usage
+from tests.streams import DONE
+from tests.streams import content
+from tests.streams import counter_clock
+from tests.streams import sse
+from tests.streams import usage
 from tests.unit.load.test_loadgen import FakeSSEServer
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from framework.load.sse import SSEState
-from tests.helpers import DONE
-from tests.helpers import content
-from tests.helpers import counter_clock
-from tests.helpers import sse
-from tests.helpers import usage
+from tests.streams import DONE
+from tests.streams import content
+from tests.streams import counter_clock
+from tests.streams import sse
+from tests.streams import usage
 
 
 def pieces(data: bytes, cut: int) -> list[bytes]:

@@ -25,7 +25,7 @@ from framework.tools.trace_samples import azure_csv
 from framework.tools.trace_samples import csv_text
 from framework.tools.trace_samples import jsonl_text
 from framework.tools.trace_samples import mooncake_trace
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 MOONCAKE = ROOT / "datasets" / "mooncake_sample.jsonl"
 AZURE = ROOT / "datasets" / "azure_sample.csv"
@@ -333,7 +333,7 @@ def test_bench_takes_vllms_timed_trace_flags_and_defaults() -> None:
 ])
 def test_bench_refuses_a_bad_trace_in_one_line(tmp_path: Path, extra: list[str],
                                                key: str) -> None:
-    from tests.helpers import bench_cli
+    from tests.cli import bench_cli
 
     bad = write(tmp_path, "bad.jsonl", GOOD + '{"timestamp": 1, "input_length": 3}\n')
     args = [a.replace("{bad}", str(bad)) for a in extra]
@@ -345,7 +345,7 @@ def test_bench_refuses_a_bad_trace_in_one_line(tmp_path: Path, extra: list[str],
 
 
 def test_bench_self_timed_only_with_a_trace() -> None:
-    from tests.helpers import bench_cli
+    from tests.cli import bench_cli
 
     res = bench_cli("--base-url", "http://127.0.0.1:9", "--model",
                     str(ROOT / "models" / "tiny-llama"), "--self-timed")

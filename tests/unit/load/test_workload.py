@@ -18,7 +18,7 @@ from framework.load.workload import Dataset
 from framework.load.workload import arrival_offsets
 from framework.load.workload import prefix_shared_requests
 from framework.load.workload import random_requests
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 MODEL_DIR = ROOT / "models" / "tiny-llama"
 

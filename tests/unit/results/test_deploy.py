@@ -33,11 +33,11 @@ from framework.results.store import ResultStore
 from framework.sweep.fleet_inputs import target_of
 from framework.trial.objective import Verdict
 from framework.trial.run import TrialOutcome
-from tests.helpers import ROOT
-from tests.helpers import T0
-from tests.helpers import cli_in_process
-from tests.helpers import killed_sweep_file
-from tests.helpers import write_rows
+from tests.cli import cli_in_process
+from tests.paths import ROOT
+from tests.sweeps import T0
+from tests.sweeps import killed_sweep_file
+from tests.sweeps import write_rows
 
 K8S_VERSION = "1.33.0"
 

@@ -28,9 +28,9 @@ from framework.results.queries import pareto_front
 from framework.search.tuner import Evaluation
 from framework.search.tuner import Tuner
 from framework.search.tuner import param_importances
-from tests.helpers import NAME
-from tests.helpers import cli_in_process
-from tests.helpers import write_fake_sweep
+from tests.cli import cli_in_process
+from tests.sweeps import NAME
+from tests.sweeps import write_fake_sweep
 
 SLA = {"p99_ttft_ms": 500.0, "p99_tpot_ms": 10.0}
 

@@ -14,7 +14,7 @@ from framework.results.provenance import git_commit
 from framework.results.provenance import hardware
 from framework.results.provenance import provenance
 from framework.results.provenance import workload_sha256
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 
 def spec(**workload) -> SweepSpec:

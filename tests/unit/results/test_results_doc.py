@@ -23,8 +23,8 @@ from framework.results.rows import param_column
 from framework.results.rows import trial_columns
 from framework.results.store import KINDS
 from framework.results.workload_rows import workload_columns
-from tests.helpers import ROOT
-from tests.helpers import write_rows
+from tests.paths import ROOT
+from tests.sweeps import write_rows
 
 DOC = ROOT / "docs" / "RESULTS.md"
 COLUMN_HEADER = ["column", "type", "unit", "meaning"]

@@ -9,13 +9,13 @@ import sys
 import pytest
 import yaml
 
-from tests.helpers import cli_in_process
-from tests.helpers import killed_sweep_file
-from tests.helpers import write_rows
+from tests.cli import cli_in_process
+from tests.sweeps import killed_sweep_file
+from tests.sweeps import write_rows
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    """The command in this process (tests.helpers.cli_in_process)."""
+    """The command in this process (tests.cli.cli_in_process)."""
     return cli_in_process(*args)
 
 

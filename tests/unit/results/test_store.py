@@ -20,7 +20,7 @@ from framework.results.store import ResultStore
 from framework.results.store import arrow_schema
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
-from tests.helpers import ROOT as REPO
+from tests.paths import ROOT as REPO
 
 SWEEP = "demo-sweep"
 

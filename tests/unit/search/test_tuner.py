@@ -16,7 +16,7 @@ from framework.search.tuner import FAIL_REASON_ATTR
 from framework.search.tuner import Evaluation
 from framework.search.tuner import Tuner
 from framework.search.tuner import distributions
-from tests.helpers import ROOT as REPO
+from tests.paths import ROOT as REPO
 
 SPACE = load_search_space(REPO / "search_spaces" / "tiny_cpu.yaml")
 

@@ -14,7 +14,7 @@ import yaml
 from framework.sweep import loader as sweep_mod
 from framework.sweep.quality_gate import QualityGate
 from framework.sweep.trial_load import load_plan
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 GIVEN = "sk-given-by-the-user-0123"
 

@@ -26,8 +26,8 @@ from framework.sweep.doctor import Check
 from framework.sweep.doctor import ServerPlan
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
-from tests.helpers import ROOT
-from tests.helpers import table_rows
+from tests.cli import table_rows
+from tests.paths import ROOT
 
 VERSIONS = {"vllm": "0.32.0", "torch": "2.13.0", "cuda": "12.8", "ray": "2.60.0",
             "python": "3.11.7"}

@@ -19,8 +19,8 @@ from framework.sweep.job_dir import in_place_working_dir
 from framework.sweep.job_dir import in_uploaded_copy
 from framework.sweep.job_dir import job_working_dir
 from framework.sweep.job_dir import results_place
-from tests.helpers import CLI
-from tests.helpers import ROOT
+from tests.paths import CLI
+from tests.paths import ROOT
 
 
 def job_env(working_dir: str | None) -> dict[str, str]:

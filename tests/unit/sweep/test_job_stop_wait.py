@@ -13,7 +13,7 @@ from framework.cluster import jobs
 from framework.config.specs import SweepSpec
 from framework.sweep.job_cli import cmd_submit
 from framework.sweep.job_cli import job_servers
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 
 @pytest.mark.parametrize(("servers", "wait"), [(1, 35), (2, 55), (8, 175), (0, 35)])

@@ -18,8 +18,8 @@ from framework.sweep.plan import runs_per_server
 from framework.sweep.plan import sample
 from framework.sweep.plan import space_size
 from framework.sweep.plan import time_estimate
-from tests.helpers import ROOT
-from tests.helpers import cli_in_process
+from tests.cli import cli_in_process
+from tests.paths import ROOT
 
 
 def space(parameters: dict) -> SearchSpace:

@@ -38,8 +38,8 @@ from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
 from framework.sweep.loader import load
 from framework.sweep.runner import Runner
-from tests.helpers import NO_REMEASURE
-from tests.helpers import ROOT
+from tests.paths import ROOT
+from tests.sweeps import NO_REMEASURE
 
 HOST = "127.0.0.1"
 SERVE = "import sys; from framework.engine.fake_engine import serve; serve(sys.argv[1:])"

@@ -22,7 +22,7 @@ from framework.sweep import loader
 from framework.sweep import trial_load
 from framework.trial.measure import LoadStep
 from framework.trial.run import TrialOutcome
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 TRACE = ROOT / "datasets" / "mooncake_sample.jsonl"
 MS = {"sec_multiplier": 0.001}

@@ -17,7 +17,7 @@ from framework.tools import engine_setup
 from framework.tools.tiny_model import TinyLlamaShape
 from framework.tools.tiny_model import build_tiny_llama
 from framework.tools.tiny_model import is_built
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 
 def test_tiny_model_matches_its_shape_and_tokenizes_round_trip(tiny_model):

@@ -26,7 +26,7 @@ from framework.trial.workloads import WorkloadResult
 from framework.trial.workloads import aggregate_metrics
 from framework.trial.workloads import combine_values
 from framework.trial.workloads import evaluate_workloads
-from tests.helpers import ROOT
+from tests.paths import ROOT
 
 MODEL_DIR = ROOT / "models" / "tiny-llama"
 
