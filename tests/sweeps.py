@@ -134,7 +134,8 @@ def write_fake_sweep(folder: Path, model: Path, address: str | None) -> Path:
         "sla": {"p99_ttft_ms": 500, "p99_tpot_ms": 50},
         # after the baseline, seed 10 proposes max-num-seqs 2 (TTFT over the SLA, so its run
         # stops early after a few requests: the report marks it and leaves it out of the
-        # plots), 128, then TP 4 (cannot be placed on 2 GPUs)
+        # plots), 128, then TP 4 (on a cluster of fewer than 4 GPUs, one that cannot be placed;
+        # tests/e2e/test_html_report.py swaps it for TP 16 on the shared Ray's 8)
         "search": {**NO_REMEASURE, "sampler": "random", "n_trials": 4, "baseline": True,
                    "seed": 10, "stop_early": True},
         "cluster": {"address": address, "max_concurrent_trials": 1},
