@@ -38,9 +38,9 @@ def shut_down(signum, frame):  # vLLM's handler: a clean shutdown returns from s
 
 if mode != "starting":  # no handler yet while vLLM starts
     signal.signal(signal.SIGTERM, shut_down)
-zygote._watch_life(life, whole_group=True, grace_s=grace)
-print("ready", tracker.pid, flush=True)
-try:
+try:  # as zygote._child: the SIGTERM may come as soon as "ready" is out, so inside the try
+    zygote._watch_life(life, whole_group=True, grace_s=grace)
+    print("ready", tracker.pid, flush=True)
     threading.Event().wait()
 finally:
     zygote._exit(0)
