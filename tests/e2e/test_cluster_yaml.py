@@ -182,6 +182,14 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
         nodes.append(start_node([*worker_argv, "--block"], worker_env, worker_log))
         wait_started(nodes[1], worker_log, timeout_s=180)  # registered: 2 alive nodes
 
+        # A client outside the cluster (the laptop) joins the GCS with the token file: both
+        # nodes alive, once (the worker is registered: its "Ray runtime started." line)
+        code = (f"import ray; ray.init(address={gcs!r}, logging_level='ERROR'); "
+                "print('ALIVE', sum(1 for n in ray.nodes() if n['Alive']))")
+        joined = subprocess.run([sys.executable, "-c", code], env=with_token,
+                                capture_output=True, text=True, timeout=300)
+        assert "ALIVE 2" in joined.stdout, joined.stdout + joined.stderr[-2000:]
+
         assert http_get(f"{dashboard}/api/version")[0] == 401
         assert http_get(f"{dashboard}/api/version", "not-the-token")[0] == 403
 
