@@ -81,14 +81,16 @@ def check_run_settings(spec: SweepSpec, space: SearchSpace,
     (max-concurrency sets workload.max_concurrency: an int > 0; a float range cannot set an
     int): trials apply them without validating again (trial_load.with_run_settings). A timed
     trace times its requests: request-rate and burstiness do not apply to it, speed-up only
-    to it."""
-    trace = spec.workload.dataset == "timed_trace"
+    to it; with `workloads:`, the setting reaches every one of them, so each must take it."""
+    named = ([(f"workloads.{w.name}.dataset", w.dataset) for w in spec.workloads]
+             or [("workload.dataset", spec.workload.dataset)])
     for name in space.run_params:
-        if (name == "speed-up") != trace and name in ("speed-up", "request-rate", "burstiness"):
+        paced = name in ("speed-up", "request-rate", "burstiness")
+        if wrong := [f"{key} is {dataset}" for key, dataset in named
+                     if paced and (dataset == "timed_trace") != (name == "speed-up")]:
             raise ConfigError(str(spec.search_space), f"parameters.{name}", "kind: run",
                               "speed-up applies to dataset timed_trace only, request-rate and "
-                              f"burstiness to the other datasets (workload.dataset is "
-                              f"{spec.workload.dataset})")
+                              f"burstiness to the other datasets ({', '.join(wrong)})")
         field, param = fields[name], space.parameters[name]
         for where, value in probe_values(param):
             # a float range sends fractions between its ends: an int setting refuses them

@@ -122,6 +122,25 @@ def test_settings_a_trace_refuses(tmp_path: Path, workload: dict[str, Any],
     assert err.value.key == key and found in err.value.reason
 
 
+def test_a_run_setting_must_suit_every_workload_not_only_the_first(tmp_path: Path) -> None:
+    """`workloads:` of a timed trace and a random one: a searched speed-up would reach the
+    random workload (ignored there), request-rate the trace; each is refused naming the
+    workload it cannot apply to (found by a read: only the first workload was checked)."""
+    trace = {"name": "replay", **trace_workload()}
+    other = {"name": "synthetic", "dataset": "random", "input_len": 32, "output_len": 8,
+             "num_prompts": 8}
+    for space, wrong in ((SPEED, "workloads.synthetic.dataset is random"),
+                         (RATE, "workloads.replay.dataset is timed_trace")):
+        sweep = write_sweep(tmp_path, {}, space, workloads=[trace, other])
+        body = yaml.safe_load(sweep.read_text())
+        del body["workload"]
+        sweep.write_text(yaml.safe_dump(body))
+        with pytest.raises(ConfigError) as err:
+            loader.load(sweep, check_flags=True)
+        assert err.value.key == f"parameters.{next(iter(space))}", err.value
+        assert wrong in err.value.reason and "timed_trace only" in err.value.reason
+
+
 def test_speed_up_passes_validation(tmp_path: Path) -> None:
     loaded = loader.load(write_sweep(tmp_path, trace_workload(), SPEED))
     assert loaded.space.run_params == ("speed-up",)
