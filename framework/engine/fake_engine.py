@@ -8,6 +8,10 @@ raise TrialError(invalid_args) before anything listens; it stops when its proces
 
 Latency is configurable through the environment (milliseconds unless named _S):
 FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS (5).
+Holds, for tests that must act while a server starts or decodes (an event, not a window of
+seconds): with FAKE_ENGINE_STARTUP_PASSES naming a folder, a server finishes starting only by
+taking (removing) one file from it, waiting while it is empty (so a test lets exactly N servers
+start); while the file FAKE_ENGINE_HOLD_TOKENS names exists, no request gets its next token.
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
 With VLLM_API_KEY set, /v1 routes answer 401 without `Authorization: Bearer <key>`, as vLLM.
 Prefix caching (unless --no-enable-prefix-caching) is whole-prompt: a prompt seen before
@@ -86,10 +90,32 @@ def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
+HOLD_POLL_S = 0.05  # how often a hold's file is looked at
+
+
+def held(name: str) -> bool:
+    """Whether the hold `name` (an environment variable naming a file) is on: the file exists."""
+    path = os.environ.get(name)
+    return bool(path) and os.path.exists(path)
+
+
+def take_pass(folder: str) -> bool:
+    """Take one pass: remove one file of `folder` (True), or False while it has none. Two
+    servers never take the same file: only one unlink of it succeeds."""
+    for name in sorted(os.listdir(folder)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
+            return True
+    return False
+
+
 def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = lambda _: None) -> None:
     """Parse, wait the configured start-up time, then serve until the process is killed."""
     args = parse_args(argv)
     time.sleep(_env_float("FAKE_ENGINE_STARTUP_S", 1.0))
+    passes = os.environ.get("FAKE_ENGINE_STARTUP_PASSES")
+    while passes and not take_pass(passes):
+        time.sleep(HOLD_POLL_S)
     blocks, block = args.num_gpu_blocks_override, args.block_size or 16
     max_len = args.max_model_len or 2048
     if blocks is not None and blocks * block < max_len:
@@ -143,6 +169,8 @@ async def _serve(args: argparse.Namespace) -> None:
                 for i in range(n_out):
                     if i:
                         await asyncio.sleep(tpot)
+                    while held("FAKE_ENGINE_HOLD_TOKENS"):
+                        await asyncio.sleep(HOLD_POLL_S)
                     chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": None}]}
                     await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     counters["generated"] += 1

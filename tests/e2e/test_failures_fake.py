@@ -48,9 +48,10 @@ SECRET = "sk-vllm-sweep-test-3f9a7c1e"
 
 def fake_sweep(ray: SharedRay, tmp: Path, model: Path, name: str, *, tpot_ms: float,
                num_prompts: int, output_len: int, search: dict,
-               server: dict | None = None, side_by_side: int = 1) -> Path:
+               server: dict | None = None, side_by_side: int = 1,
+               env: dict[str, str] | None = None) -> Path:
     """A FakeEngine sweep of max-num-seqs 2 or 4 on the session's shared Ray, `side_by_side`
-    trials at a time."""
+    trials at a time; `env` adds to its servers' environment (a hold, fake_engine.py)."""
     space = tmp / "space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [2, 4], "default": 4}}}))
@@ -59,7 +60,7 @@ def fake_sweep(ray: SharedRay, tmp: Path, model: Path, name: str, *, tpot_ms: fl
         "name": name, "model": str(model), "search_space": str(space), "engine": "fake",
         "server": {"startup_timeout_s": 60, **(server or {}),
                    "env": {"FAKE_ENGINE_STARTUP_S": "0.5", "FAKE_ENGINE_TTFT_MS": "20",
-                           "FAKE_ENGINE_TPOT_MS": str(tpot_ms)}},
+                           "FAKE_ENGINE_TPOT_MS": str(tpot_ms), **(env or {})}},
         "workload": {"num_prompts": num_prompts, "input_len": 16, "output_len": output_len,
                      "max_concurrency": 2, "warmup_requests": 0},
         "sla": {"p99_ttft_ms": 60000},
@@ -143,10 +144,15 @@ def test_sigterm_of_the_driver_records_interrupted_and_requeues_it(shared_ray, t
     """Guards: SIGTERM of the driver (a child: the signal is the process boundary) leaving the
     trial in flight RUNNING or lost, a --summary-json written for an interrupted run, an exit
     code other than 130, and an interrupted trial not run again on resume
-    (search.requeue_interrupted). One trial, then its re-run."""
+    (search.requeue_interrupted). One trial, then its re-run. The trial's tokens are held
+    (FakeEngine's hold) until the re-run, so the SIGTERM comes while its load runs however
+    slow the machine."""
     env = joined_cli_env(shared_ray.marker, short_tmp, shared_ray.folder)
-    sweep = fake_sweep(shared_ray, short_tmp, tiny_model, "sigterm", tpot_ms=100, num_prompts=8,
-                       output_len=16, search={"requeue_interrupted": True})
+    hold = short_tmp / "hold-tokens"
+    hold.touch()
+    sweep = fake_sweep(shared_ray, short_tmp, tiny_model, "sigterm", tpot_ms=5, num_prompts=8,
+                       output_len=16, search={"requeue_interrupted": True},
+                       env={"FAKE_ENGINE_HOLD_TOKENS": str(hold)})
     summary = short_tmp / "summary.json"
     with cli_process(["run", str(sweep), "--summary-json", str(summary)], short_tmp, env) as proc:
         seen = read_until(proc, "trial 0: under load", timeout_s=120)
@@ -159,6 +165,7 @@ def test_sigterm_of_the_driver_records_interrupted_and_requeues_it(shared_ray, t
     first = read_trials(short_tmp / "results", "sigterm")
     assert list(first["fail_reason"]) == ["interrupted"]
 
+    hold.unlink()
     again = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     trials = read_trials(short_tmp / "results", "sigterm")
@@ -173,12 +180,14 @@ def test_server_actor_killed_mid_load_is_server_died_and_leaves_nothing(shared_r
                                                                          short_tmp):
     """Guards: a server actor SIGKILLed mid-load recorded as anything but server_died (a lost
     node, a timeout), processes of it left behind, and the sweep stopping there (trial 1 must
-    complete). Two trials."""
+    complete). Two trials. Tokens are held (FakeEngine's hold) until the actor is killed, so
+    the kill lands in trial 0's load however slow the machine; trial 1 then runs its load."""
     env = joined_cli_env(shared_ray.marker, short_tmp, shared_ray.folder)
-    # 8 waves of 2 requests, ~0.8 s each: the kill lands in trial 0's load (~6.6 s), and
-    # trial 1 then runs its whole load
-    sweep = fake_sweep(shared_ray, short_tmp, tiny_model, "actor", tpot_ms=50, num_prompts=16,
-                       output_len=16, search={"n_trials": 2})
+    hold = short_tmp / "hold-tokens"
+    hold.touch()
+    sweep = fake_sweep(shared_ray, short_tmp, tiny_model, "actor", tpot_ms=5, num_prompts=16,
+                       output_len=16, search={"n_trials": 2},
+                       env={"FAKE_ENGINE_HOLD_TOKENS": str(hold)})
     with cli_process(["run", str(sweep)], short_tmp, env) as proc:
         seen = read_until(proc, "trial 0: under load", timeout_s=120)
         assert "trial 0: under load" in seen, seen
@@ -186,6 +195,7 @@ def test_server_actor_killed_mid_load_is_server_died_and_leaves_nothing(shared_r
                   if "ServerActor" in " ".join(p.cmdline())]
         assert len(actors) == 1, [(p.pid, p.name()) for p in actors]
         os.kill(actors[0].pid, signal.SIGKILL)
+        hold.unlink()
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, seen + out
     assert wait_no_trial_processes(shared_ray.marker) == []
@@ -195,13 +205,20 @@ def test_server_actor_killed_mid_load_is_server_died_and_leaves_nothing(shared_r
     assert trials.iloc[0]["fail_reason"] == "server_died", trials.iloc[0]["fail_detail"]
 
 
-def fake_grid_sweep(tmp: Path, model: Path, name: str, startup_s: float, **extra) -> Path:
+def fake_grid_sweep(tmp: Path, model: Path, name: str, startup_s: float,
+                    passes: Path | None = None, **extra) -> Path:
+    """A grid of three FakeEngine trials (max-num-seqs 4, 8, 16), one at a time; with `passes`,
+    a server finishes starting only by taking a file from that folder (fake_engine.py)."""
+    env = {"FAKE_ENGINE_STARTUP_S": str(startup_s)}
+    if passes is not None:
+        passes.mkdir()
+        env["FAKE_ENGINE_STARTUP_PASSES"] = str(passes)
     space = tmp / f"{name}-space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [4, 8, 16], "default": 16}}}))
     sweep = tmp / f"{name}.yaml"
     spec = {"name": name, "model": str(model), "search_space": str(space), "engine": "fake",
-            "server": {"reuse": False, "env": {"FAKE_ENGINE_STARTUP_S": str(startup_s)}},
+            "server": {"reuse": False, "env": env},
             "workload": {"num_prompts": 12, "input_len": 16, "output_len": 4, "warmup_requests": 0},
             "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 3, "baseline": False},
             "cluster": {"num_cpus": 2, "num_gpus": 1}, "results_dir": str(tmp / "results")}
@@ -219,6 +236,12 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> bool:
     return path.exists()
 
 
+def give_passes(folder: Path, count: int) -> None:
+    """Let `count` more FakeEngine servers finish starting."""
+    for _ in range(count):
+        (folder / os.urandom(8).hex()).touch()
+
+
 def end(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -233,14 +256,15 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
     trials: the kill needs a finished trial before it and one after."""
     marker = new_marker()
     env = cli_env(marker, short_tmp)
-    sweep = fake_grid_sweep(short_tmp, tiny_model, "requeue", startup_s=4,
-                       search={"requeue_interrupted": True})
+    passes = short_tmp / "passes"
+    sweep = fake_grid_sweep(short_tmp, tiny_model, "requeue", startup_s=0.2, passes=passes,
+                            search={"requeue_interrupted": True})
+    give_passes(passes, 1)  # trial 0's server starts; trial 1's waits for a pass
     first_row = short_tmp / "results" / "requeue" / "trials" / "sweep=requeue" / "trial-00000.parquet"
     proc = start_driver(sweep, short_tmp, env)
     try:
-        # trial 1's server is starting (4 s of FakeEngine start-up, then its load) and trial 0
-        # has its row (written after the next trial starts): the kill comes while trial 1 has
-        # no row yet
+        # trial 1's server is starting (held: no pass left) and trial 0 has its row (written
+        # after the next trial starts): the kill comes while trial 1 has no row yet
         seen = read_until(proc, "trial 1: starting server", timeout_s=120)
         assert "trial 1: starting server" in seen, seen
         assert wait_for_file(first_row, proc, timeout_s=60), seen
@@ -255,6 +279,7 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
         vsweep_leftovers(short_tmp)
 
     # the resumed run in-process (its private Ray too): the kill above is the process boundary
+    give_passes(passes, 10)
     again = cli_in_process("run", str(sweep), cwd=short_tmp, env=env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert wait_no_marked_processes(marker) == []
@@ -276,8 +301,9 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
 @pytest.mark.timeout(300)
 def test_a_second_driver_of_a_running_sweep_exits_3(shared_ray, tiny_model, short_tmp):
     """Guards: two drivers of one sweep at once (both writing its rows and study), or the
-    refusal as a traceback or with another exit code than 3."""
-    sweep = fake_grid_sweep(short_tmp, tiny_model, "twice", startup_s=20)
+    refusal as a traceback or with another exit code than 3. The first driver's server never
+    finishes starting (no start-up pass), so it is alive whatever the machine's speed."""
+    sweep = fake_grid_sweep(short_tmp, tiny_model, "twice", startup_s=0, passes=short_tmp / "none")
     sweep.write_text(yaml.safe_dump(join_shared(yaml.safe_load(sweep.read_text()), shared_ray)))
     env = joined_cli_env(shared_ray.marker, short_tmp, shared_ray.folder)
     first = start_driver(sweep, short_tmp, env)
