@@ -5,7 +5,11 @@ Contract: ``ConnectionPool(base_url)`` keeps keep-alive connections to one ``htt
 ``https`` server; ``Connection.exchange(request, on_body)`` writes one request and returns
 a future that resolves to the finished ``ResponseReader`` (status, reason, headers,
 ``keep_alive``, ``error_body``) or fails (HTTPError-derived ConnectionError, or the
-``on_body`` consumer's own exception). A 200 response's body goes to ``on_body`` as it
+``on_body`` consumer's own exception). A reused keep-alive connection that the server closes
+before sending a single byte of the response fails with ``ClosedWhileIdle``: the server
+closed it for idleness (uvicorn's keep-alive timeout, 5 s in vLLM) as the request went out,
+and never read the request; the caller may send it again on a new connection
+(``ConnectionPool.connect``). A 200 response's body goes to ``on_body`` as it
 arrives, inside ``data_received``. ``get(url, timeout_s)`` is a one-shot GET returning a
 ``Response`` (status, reason, body); ``get_sync`` runs it from synchronous code (threads).
 
@@ -28,6 +32,10 @@ import httptools
 
 class HTTPError(Exception):
     """The bytes received are not a well-formed HTTP/1.1 response."""
+
+
+class ClosedWhileIdle(ConnectionError):
+    """A reused keep-alive connection closed by the server before any byte of the response."""
 
 
 class _MessageComplete(Exception):
@@ -60,11 +68,13 @@ class ResponseReader:
         self._phase = "status"  # status | head | body | chunk-size | chunk-data
         self._close_delimited = False
         self._head_bytes = 0
+        self.received = False  # any byte of the response
         self._parser = httptools.HttpResponseParser(self)
 
     def feed(self, data: bytes) -> None:
         if self.done:
             return
+        self.received = self.received or bool(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -153,6 +163,7 @@ class Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.exchanges = 0  # finished exchanges: more than 0, the connection is a reused one
         self._reader: ResponseReader | None = None
         self._waiter: asyncio.Future[ResponseReader] | None = None
 
@@ -184,6 +195,10 @@ class Connection(asyncio.Protocol):
         self.closed = True
         if self._reader is None:
             return
+        if self.exchanges and not self._reader.received:
+            self._finish(ClosedWhileIdle(
+                "reused keep-alive connection closed before any byte of the response"))
+            return
         try:
             self._reader.eof()
             self._finish(None)
@@ -196,6 +211,7 @@ class Connection(asyncio.Protocol):
         if reader is None or waiter is None or waiter.done():  # set and cleared together
             return
         if exc is None:
+            self.exchanges += 1
             waiter.set_result(reader)
         else:
             waiter.set_exception(exc)
@@ -240,11 +256,16 @@ class ConnectionPool:
                 "Connection: close\r\n\r\n").encode("latin-1")
 
     async def get(self) -> Connection:
+        """An idle connection if one is open, else a new one."""
         while self._idle:
             conn = self._idle.pop()
             if conn.reusable:
                 return conn
             conn.close()
+        return await self.connect()
+
+    async def connect(self) -> Connection:
+        """A new connection."""
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(
             Connection, self.host, self.port, ssl=self.ssl or None,

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 from typing import Literal
 
+from framework.load.http_client import ClosedWhileIdle
 from framework.load.http_client import Connection
 from framework.load.http_client import ConnectionPool
 from framework.load.http_client import get
@@ -165,8 +166,11 @@ async def stream_one(
 
     Clock calls: one at send (before a connection is taken, as vllm bench times it), one per
     content chunk, one more if the request fails. The connection is reused only after a
-    complete, successful keep-alive response. ``keep_text``: the record's ``text`` is the
-    answer's text (every SSE message is then parsed; see SSEState).
+    complete, successful keep-alive response. A reused connection the server closed for
+    idleness before answering (``ClosedWhileIdle``: it never read the request) is replaced by
+    a new one once, and the request sent again; its send time stays the first one, so the
+    lost time counts in its TTFT, as a client of the server would see it. ``keep_text``: the
+    record's ``text`` is the answer's text (every SSE message is then parsed; see SSEState).
     """
     state = SSEState(clock, keep_text)
     error = ""
@@ -175,9 +179,14 @@ async def stream_one(
     reuse = False
     try:
         async with asyncio.timeout(timeout_s):
+            request = pool.request(path, json.dumps(payload).encode())
             conn = await pool.get()
-            reader = await conn.exchange(pool.request(path, json.dumps(payload).encode()),
-                                         state.feed)
+            try:
+                reader = await conn.exchange(request, state.feed)
+            except ClosedWhileIdle:
+                pool.put(conn, False)
+                conn = await pool.connect()
+                reader = await conn.exchange(request, state.feed)
             if reader.status == 200:
                 state.end()
                 error = state.error

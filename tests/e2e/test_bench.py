@@ -91,7 +91,8 @@ def test_metrics_sampler_on_a_live_server(server):
     result = asyncio.run(run_load(server.base_url, str(ROOT / "models" / "tiny-llama"), requests,
                                   max_concurrency=8, api_key=server.api_key))
     sampled = sampler.stop()
-    assert all(r.success for r in result.records)
+    assert all(r.success for r in result.records), [
+        (r.index, r.error, r.output_tokens) for r in result.records if not r.success]
     assert sampled.errors == 0 and len(sampled.samples) >= 3
     summary = summarize(sampled.samples)
     assert summary["kv_cache_usage_max"] > 0

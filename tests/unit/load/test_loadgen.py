@@ -464,3 +464,69 @@ def test_duration_bound_skips_late_arrivals() -> None:
 def test_rejects_non_positive_duration() -> None:
     with pytest.raises(ValueError, match="duration_s"):
         asyncio.run(run_load("http://127.0.0.1:1", "tiny", [spec("normal")], duration_s=0.0))
+
+
+def _chunked(*parts: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n")
+
+
+async def _idle_closing_server(drop: set[tuple[int, int]], seen: list[tuple[int, int]],
+                               use: Callable[[str], Awaitable[LoadResult]]) -> LoadResult:
+    """A server that answers request r of connection c, unless (c, r) is in `drop`: then it
+    closes that connection without a byte, as uvicorn does when its keep-alive timer fires
+    while the request is on its way (the request is never read)."""
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        conn = connections
+        try:
+            for number in range(1, 100):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                seen.append((conn, number))
+                if (conn, number) in drop:
+                    return
+                writer.write(_chunked(content(" a"), usage(7, 1), DONE))
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        return await use(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _two_in_a_row(drop: set[tuple[int, int]]) -> tuple[LoadResult, list[tuple[int, int]]]:
+    seen: list[tuple[int, int]] = []
+    result = asyncio.run(_idle_closing_server(drop, seen, lambda url: run_load(
+        url, "tiny", [spec("a", 1), spec("b", 1)], max_concurrency=1, timeout_s=30)))
+    return result, seen
+
+
+@pytest.mark.timeout(60)
+def test_a_reused_connection_closed_for_idleness_sends_the_request_again_once() -> None:
+    """Found under CPU contention (a 3-burner run of test_bench): vLLM's uvicorn closed kept-
+    alive connections as the next request went out, and requests failed 'connection closed
+    before the response head' although the server never read them."""
+    result, seen = _two_in_a_row(drop={(1, 2)})
+    assert [r.success for r in result.records] == [True, True], result.records
+    assert seen == [(1, 1), (1, 2), (2, 1)]  # request 2 again, on a new connection
+
+
+@pytest.mark.timeout(60)
+def test_a_new_connection_closed_without_an_answer_is_a_failure_not_sent_again() -> None:
+    result, seen = _two_in_a_row(drop={(1, 2), (2, 1)})
+    assert [r.success for r in result.records] == [True, False]
+    assert "connection closed before the response head" in result.records[1].error
+    assert seen == [(1, 1), (1, 2), (2, 1)]  # once again only
