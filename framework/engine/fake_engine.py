@@ -96,7 +96,7 @@ HOLD_POLL_S = 0.05  # how often a hold's file is looked at
 def held(name: str) -> bool:
     """Whether the hold `name` (an environment variable naming a file) is on: the file exists."""
     path = os.environ.get(name)
-    return bool(path) and os.path.exists(path)
+    return path is not None and path != "" and os.path.exists(path)
 
 
 def take_pass(folder: str) -> bool:
