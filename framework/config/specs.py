@@ -179,6 +179,8 @@ class ObjectiveSpec(_Spec):
     direction: Literal["maximize", "minimize"] = "maximize"
     pareto_with: tuple[str, ...] = ()
     aggregate: Literal["min", "mean"] = "min"  # over `workloads:` (config.workloads_spec)
+    # keep an objective that ranks the offered load rather than the flags (sweep.load_meaning)
+    allow_load_bound: bool = False
 
     @field_validator("metric")
     @classmethod

@@ -19,13 +19,22 @@ Gain: d = L_best - L_base, half-width h = t(0.975, df_s) x sqrt(Var_best + Var_b
 ratio interval [exp(d - h), exp(d + h)]; gain = ratio - 1 when maximizing, 1 - ratio when
 minimizing. Where the interval holds 0 the verdict is "not distinguishable from vLLM's
 defaults", with x = the interval's half-width in percent.
+
+One offered load. Where the space searched a load setting (a `kind: run` parameter of
+config.search_space.RUN_SETTINGS: its `param_` column), trials of different settings ran
+different traffic, and their objectives are not on one scale (sweep.load_meaning): only the
+configurations measured at the baseline's setting (without a baseline, the first trial's) are
+ranked, and a last line says which trials ran another load and were left out. A gain that came
+from a load setting is never a winner.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -33,6 +42,7 @@ import pandas as pd
 from framework.base.vocabulary import load_limits
 from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
+from framework.config.search_space import RUN_SETTINGS
 from framework.results.early import cut_short
 from framework.trial.precision import Noise
 from framework.trial.precision import pooled_noise
@@ -217,12 +227,52 @@ def sla_breaks(rows: pd.DataFrame, sla: Mapping[str, float]) -> str | None:
     return f"{', '.join(found)} ({f'mean of {n} fresh servers' if n > 1 else 'one server'})"
 
 
+def load_columns(trials: pd.DataFrame) -> list[str]:
+    """The trial table's columns of searched load settings (RUN_SETTINGS' `param_` columns)."""
+    return [c for c in (f"param_{n.replace('-', '_')}" for n in RUN_SETTINGS) if c in trials]
+
+
+def _setting(row: pd.Series, columns: Sequence[str]) -> str:
+    return " ".join(f"{c.removeprefix('param_').replace('_', '-')}={row[c]}" for c in columns)
+
+
+def at_one_load(trials: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """The rows of the configurations measured at the reference load setting (the baseline's,
+    else the first trial's) and a line naming the trials left out, or (trials, None) where
+    no load setting was searched or all ran the same (module docstring, "One offered load")."""
+    columns = load_columns(trials)
+    if not columns:
+        return trials, None
+    groups = origins(trials)
+    firsts = {o: rows.iloc[0] for o, rows in groups.items()}
+    ref = next((o for o, r in firsts.items() if bool(r["is_baseline"])), min(firsts))
+    load = _setting(firsts[ref], columns)
+    others = sorted(o for o, r in firsts.items() if _setting(r, columns) != load)
+    if not others:
+        return trials, None
+    kept = pd.concat([rows for o, rows in groups.items() if o not in others])
+    named = ", ".join(f"{o} ({_setting(firsts[o], columns)})" for o in others)
+    return kept, (f"Ranked at {load} only: trial(s) {named} ran another offered load, and a "
+                  "load setting is not a configuration (their rows stay in the tables).")
+
+
 def decide(trials: pd.DataFrame, objective: str, maximize: bool,
            sla: Mapping[str, float]) -> SweepVerdict:
     """The verdict over a sweep's trial rows (module docstring)."""
     if trials.empty or not (trials["state"] == "COMPLETE").any():
         return SweepVerdict("no_results", None, None, None, None, None, False,
                             ("No measured trial yet: no results to judge.",))
+    same, left_out = at_one_load(trials)
+    verdict = _decide(same, objective, maximize, sla)
+    return verdict if left_out is None else replace(verdict, lines=(*verdict.lines, left_out))
+
+
+def _decide(trials: pd.DataFrame, objective: str, maximize: bool,
+            sla: Mapping[str, float]) -> SweepVerdict:
+    if not (trials["state"] == "COMPLETE").any():
+        return SweepVerdict("no_results", None, None, None, None, None, False,
+                            ("No measured trial at the reference load yet: no results to "
+                             "judge.",))
     noise = sweep_noise(trials)
     groups = origins(trials)
     base_no = next((o for o, rows in groups.items() if bool(rows["is_baseline"].iloc[0])), None)

@@ -4,8 +4,9 @@ read back with DuckDB (docs/RESULTS.md's workloads query included); and server r
 vLLM (the two trials differ only in a run setting: one server, its prefix cache reset).
 
 Kept to one server start (~70 s here): the sweep as shipped, with fewer prompts and a search
-space of one run setting (max-concurrency 4 / 8), so both trials share the server; the shipped
-search space only changes which vLLM flags the trials pass."""
+space of one run setting (max-concurrency 4 / 8), so both trials share the server (a searched
+load setting, which the example does not ship: objective.allow_load_bound keeps it here); the
+shipped search space only changes which vLLM flags the trials pass."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def _sweep(ray: SharedRay, tmp: Path, model: Path) -> Path:
         w.update(num_prompts=PROMPTS[w["name"]], warmup_requests=4)
     spec.update(model=str(model), search_space=str(space), results_dir=str(tmp / "results"))
     spec["search"].update(sampler="grid", n_trials=2, baseline=False)
+    spec["objective"]["allow_load_bound"] = True  # a run setting searched on purpose (reuse)
     path = tmp / "chat_mix.yaml"
     path.write_text(yaml.safe_dump(join_shared(spec, ray)))
     return path
@@ -50,11 +52,13 @@ def _parquet(results: Path, table: str) -> str:
 def test_chat_mix_sweep_writes_class_columns_and_workload_rows(shared_ray, tiny_model, short_tmp):
     sweep = _sweep(shared_ray, short_tmp, tiny_model)
     res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "workload peak" in res.stdout
+    assert "workload peak" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     results = short_tmp / "results"
 
     trials = read_trials(results, "chat_mix")
+    # exit 4 is the answer "no trial met the SLA" (chat p99 TPOT <= 40 ms: a speed, which a
+    # loaded machine may miss), not a failure: the code must agree with the rows either way
+    assert res.returncode == (0 if trials["feasible"].any() else 4), res.stdout[-3000:]
     assert (trials["state"] == "COMPLETE").all(), trials["fail_detail"].tolist()
     assert trials["server_reused"].tolist() == [False, True]  # one server for both trials
     for column in ("summarize.p99_ttft_ms", "chat.p99_tpot_ms", "chat.completed", "saturated"):
@@ -69,7 +73,8 @@ def test_chat_mix_sweep_writes_class_columns_and_workload_rows(shared_ray, tiny_
     for _, trial in trials.iterrows():
         mine = workloads[workloads["trial_number"] == trial["trial_number"]]
         assert mine["completed"].sum() == trial["completed"]
-        assert trial["objective"] == pytest.approx(mine["output_throughput"].min())  # aggregate: min
+        # aggregate min of a minimized p99 TTFT: the worse (larger) workload's
+        assert trial["objective"] == pytest.approx(mine["p99_ttft_ms"].max())
         assert trial["p99_ttft_ms"] == pytest.approx(mine["p99_ttft_ms"].max())  # the worst
         assert trial["feasible"] == mine["feasible"].all()
         assert not mine["saturated"].any() and (mine["saturation_samples"] > 0).all()

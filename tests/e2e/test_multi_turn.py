@@ -28,6 +28,7 @@ from tests.cli import run_joined
 from tests.clusters import join_shared
 from tests.engines import SharedServer
 from tests.paths import ROOT
+from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 
@@ -104,8 +105,11 @@ def test_example_multi_turn_sweep_runs_and_reads_back_with_duckdb(shared_ray, ti
     sweep = short_tmp / "multi_turn_chat.yaml"
     sweep.write_text(yaml.safe_dump(join_shared(spec, shared_ray), sort_keys=False))
     res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = short_tmp / "results" / "multi_turn_chat"
+    # exit 4 is the answer "no trial met the SLA" (p99 TTFT <= 2 s: a speed, which a loaded
+    # machine may miss), not a failure: the code must agree with the rows either way
+    feasible = read_trials(short_tmp / "results", "multi_turn_chat")["feasible"]
+    assert res.returncode == (0 if feasible.any() else 4), res.stdout[-3000:] + res.stderr[-3000:]
     trials = duckdb.sql(f"""
         SELECT trial_number, state, param_enable_prefix_caching AS cache, completed, failed,
                total_input_tokens, sessions, sessions_completed, mean_turns_per_session,

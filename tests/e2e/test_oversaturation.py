@@ -60,6 +60,8 @@ def test_a_flooded_run_is_stopped_and_a_light_one_is_not(shared_ray, tiny_model,
              "output_len": 64, "warmup_requests": 0}],
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 1, "baseline": False,
                    "saturation": {"min_duration_s": 4}},
+        # fixed rates and a throughput objective: the stop is tested here, not a ranking
+        "objective": {"allow_load_bound": True},
         "results_dir": str(short_tmp / "results")}, shared_ray)))
     res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
     # the only configuration could not carry the flood: nothing ships

@@ -32,6 +32,7 @@ def _fake_reuse_sweep(ray: SharedRay, tmp: Path, name: str, reuse: bool,
         "server": {"reuse": reuse, "env": {"FAKE_ENGINE_STARTUP_S": "0.5"}},
         "workload": {"num_prompts": 12, "input_len": 16, "output_len": 4, "warmup_requests": 4},
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 4, "baseline": False, **search},
+        "objective": {"allow_load_bound": True},  # run settings searched to test reuse
         "results_dir": str(tmp / "results")}, ray)))
     res = run_joined(ray, ["run", str(sweep)], tmp)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

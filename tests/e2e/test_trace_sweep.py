@@ -1,7 +1,8 @@
 """sweeps/trace_replay.yaml on real parts (local Ray, a vLLM CPU server, Parquet read back with
 DuckDB), kept small: the trace's first 40 rows and two trials, one configuration at both
-speed-ups on the same server (the grid sampler walks a server's run settings together; the
-shipped TPE sweep reaches the other speed-up through the sibling of its first TPE trial)."""
+speed-ups on the same server (the grid sampler walks a server's run settings together): the
+shipped sweep with the trace's pace searched as a run setting, which it no longer ships
+(sweep.load_meaning); the verdict ranks the 1x trial alone (tests/unit/results)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,25 @@ pytestmark = pytest.mark.server
 def test_trace_replay_sweep_runs_and_reads_back(shared_ray, tiny_model, short_tmp):
     sweep = yaml.safe_load((ROOT / "sweeps" / "trace_replay.yaml").read_text())
     sweep["model"] = str(tiny_model)
-    sweep["search_space"] = str(ROOT / sweep["search_space"])
+    # the shipped space plus the trace's pace searched (kind: run, 1x and 3x): what is tested is
+    # the replay at two speeds on one server; a study of the load itself, so the objection to a
+    # searched load setting (sweep.load_meaning) is overridden
+    space = yaml.safe_load((ROOT / sweep["search_space"]).read_text())
+    space["parameters"]["speed-up"] = {"type": "categorical", "choices": [1, 3], "default": 1,
+                                       "kind": "run"}
+    (short_tmp / "space.yaml").write_text(yaml.safe_dump(space))
+    sweep["search_space"] = str(short_tmp / "space.yaml")
+    sweep["objective"]["allow_load_bound"] = True
     sweep["results_dir"] = str(short_tmp / "results")
     w = sweep["workload"]
     w.update(dataset_path=str(ROOT / w["dataset_path"]), num_prompts=40, warmup_requests=4)
     # every row replayed whole: on a loaded box the 3x run could break p99 TPOT <= 50 ms after
     # a few requests and stop early (CI once saw 3936 of 12824 input tokens)
     sweep["search"].update(n_trials=2, sampler="grid", baseline=False, stop_early=False)
+    # the shipped SLA (p99 TPOT <= 50 ms) is a speed this machine reaches only when idle (s14b, at
+    # a load average of 24: 70 ms, both trials infeasible, exit 4): what is tested here is the
+    # replay and its rows, so no trial may fail the SLA for the machine's speed
+    sweep["sla"] = {"p99_ttft_ms": 600_000, "p99_tpot_ms": 600_000}
     path = short_tmp / "trace_replay.yaml"
     path.write_text(yaml.safe_dump(join_shared(sweep, shared_ray)))
     done = run_joined(shared_ray, ["run", str(path)], short_tmp)

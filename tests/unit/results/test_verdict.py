@@ -130,3 +130,36 @@ def test_sweep_noise_pools_the_baseline_and_the_confirmations():
     noise = sweep_noise(trials)
     assert noise.df == 3  # baseline: 3 servers (2 df), winner: 2 servers (1 df)
     assert noise.server_var is not None and 0.003 < noise.server_var < 0.02
+
+
+def with_speed(trials: pd.DataFrame, speeds: dict[int, float]) -> pd.DataFrame:
+    """`trials` with a searched speed-up column: each origin's setting (its confirmations')."""
+    origin = trials["confirmation_of"].astype(float).fillna(trials["trial_number"]).astype(int)
+    return trials.assign(param_speed_up=[speeds.get(o, 1.0) for o in origin])
+
+
+def test_a_gain_that_came_from_a_load_setting_is_never_a_winner():
+    """The trace_replay case (#34): the trial replayed 3x faster carries 3x the tokens, beyond
+    any noise; today's verdict named it the winner (+199%). Ranked at the baseline's load
+    alone, it is left out and said so."""
+    trials = with_speed(sweep(base=(1000.0, 1010.0, 995.0), winner=3000.0,
+                              confirms=(2990.0, 3010.0)), {3: 3.0})
+    v = decide(trials, "output_throughput", True, SLA)
+    assert v.number != 3 and v.ship != 3
+    assert v.kind == "defaults_better"  # the 900 and 950 tok/s trials, at the baseline's pace
+    assert v.lines[-1].startswith("Ranked at speed-up=1.0 only: trial(s) 3 (speed-up=3.0) ran "
+                                  "another offered load")
+
+
+def test_a_winner_at_the_baselines_load_is_still_named_beside_a_faster_replay():
+    trials = with_speed(sweep(base=(1000.0, 1010.0, 995.0), winner=1500.0,
+                              confirms=(1480.0, 1495.0), others=(900.0, 2900.0)), {2: 3.0})
+    v = decide(trials, "output_throughput", True, SLA)
+    assert v.kind == "winner" and v.number == 3
+    assert "trial(s) 2 (speed-up=3.0)" in v.lines[-1]
+
+
+def test_one_load_setting_for_every_trial_changes_nothing():
+    plain = sweep(base=(1000.0, 1010.0, 995.0), winner=1500.0, confirms=(1480.0, 1495.0))
+    v = decide(with_speed(plain, {}), "output_throughput", True, SLA)
+    assert v == decide(plain, "output_throughput", True, SLA)

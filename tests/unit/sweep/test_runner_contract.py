@@ -194,6 +194,8 @@ def _sweep(tmp: Path, name: str, parameters: dict, reuse: bool, n_trials: int,
                      "max_concurrency": 4},
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": n_trials, "baseline": False,
                    "seed": 1, **(search or {})},
+        # run settings are searched here to test server reuse, not to rank loads
+        "objective": {"allow_load_bound": True},
         "results_dir": str(tmp / "results")}))
     return path
 

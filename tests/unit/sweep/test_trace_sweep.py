@@ -141,8 +141,14 @@ def test_a_run_setting_must_suit_every_workload_not_only_the_first(tmp_path: Pat
         assert wrong in err.value.reason and "timed_trace only" in err.value.reason
 
 
-def test_speed_up_passes_validation(tmp_path: Path) -> None:
-    loaded = loader.load(write_sweep(tmp_path, trace_workload(), SPEED))
+def test_speed_up_is_a_load_so_validation_objects_unless_allowed(tmp_path: Path) -> None:
+    """A searched speed-up ranks the replay's pace, not configurations (sweep.load_meaning):
+    refused naming the parameter, kept with objective.allow_load_bound."""
+    with pytest.raises(ConfigError) as err:
+        loader.load(write_sweep(tmp_path, trace_workload(), SPEED))
+    assert (err.value.key, err.value.value) == ("parameters.speed-up", "kind: run")
+    loaded = loader.load(write_sweep(tmp_path, trace_workload(), SPEED,
+                                     objective={"allow_load_bound": True}))
     assert loaded.space.run_params == ("speed-up",)
 
 
