@@ -14,8 +14,6 @@ trial fail is a ConfigError here, not a sweep of failed trials:
 - on the GPU engine, a distributed-executor-backend or data-parallel-size no trial can run
   with (mp at TP x PP > 1, ray at TP x PP = 1, data-parallel-size > 1:
   cluster.placement.executor_problem).
-- an objective that would rank the offered load, not the flags: a throughput at a fixed load,
-  or a searched load setting (sweep.load_meaning; objective.allow_load_bound keeps it).
 
 "Every trial" ranges over the values each flag takes (flag_values: fixed, each probe value of
 a searched flag, vLLM's default where a conditional flag is left out). The rules are monotone
@@ -47,7 +45,6 @@ from framework.engine.model_info import read_model_info
 from framework.load.prompts import load_tokenizer
 from framework.load.prompts import num_special_tokens_to_add
 from framework.load.prompts import uniform_length_bounds
-from framework.sweep.load_meaning import check_load_bound
 from framework.sweep.value_checks import probe_values
 from framework.trial.objective import goodput_slo_ms
 
@@ -299,7 +296,6 @@ def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: boo
                           "whose trials share cores")
     if spec.engine == "gpu":
         check_parallel(path, spec, space)
-    check_load_bound(path, spec, space)
     w = spec.workload
     if w.tokenizer is not None and not (w.tokenizer / "tokenizer.json").is_file():
         raise ConfigError(str(path), "workload.tokenizer", str(w.tokenizer),

@@ -38,6 +38,7 @@ from framework.sweep.fleet_inputs import check_prices
 from framework.sweep.fleet_inputs import file_prices
 from framework.sweep.fleet_inputs import target_of
 from framework.sweep.job_dir import check_job_paths
+from framework.sweep.load_meaning import check_load_bound
 from framework.sweep.value_checks import check_flag_values
 from framework.sweep.value_checks import check_run_settings
 
@@ -74,7 +75,8 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     model facts (TP divides the heads), and, with `check_flags` (run, validate, doctor:
     everything checked before anything starts), flag names and every value a flag can take
     against the installed vLLM (value_checks), run settings, the parts against each other
-    (cross_checks) and the API key's environment variable."""
+    (cross_checks) and the API key's environment variable; always, an objective that would
+    rank the offered load (load_meaning)."""
     spec = load_sweep(path)
     check_job_paths(path, spec, os.environ)
     if not spec.search_space.is_file():
@@ -106,7 +108,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if spec.capacity is not None and spec.workload.dataset == "timed_trace":
         raise ConfigError(str(path), "capacity", "dataset timed_trace", "capacity mode paces "
                           "requests at rates of its own; a timed trace times its requests "
-                          "(vary speed-up, kind: run, instead)")
+                          "(replay it at a fixed speed_up and compare a latency percentile)")
     if spec.search.sampler == "grid":
         try:
             grid_values(space)
@@ -122,6 +124,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if check_flags:
         check_run_settings(spec, space)
         check_cross(path, spec, space, vllm_rules=spec.engine != "fake")
+    check_load_bound(path, spec, space)  # plan's too: pure, no vLLM needed (load_meaning)
     prices = file_prices(path, spec)
     check_prices(path, spec, prices)
     return Sweep(path=path, spec=spec, space=space, facts=facts, target=target_of(path, spec),

@@ -106,9 +106,10 @@ def test_the_examples_as_they_were_get_the_one_line_objection(tmp_path, stem, ke
         doc["workload"]["dataset_path"] = str(ROOT / doc["workload"]["dataset_path"])
     old = tmp_path / f"{stem}.yaml"
     old.write_text(yaml.safe_dump(doc))
-    res = cli_in_process("validate", str(old), cwd=tmp_path)
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and key in lines[0] and "Traceback" not in res.stderr, res.stderr
+    for command in ("validate", "plan"):
+        res = cli_in_process(command, str(old), cwd=tmp_path)
+        assert res.returncode == 2, command + res.stdout + res.stderr
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and key in lines[0] and "Traceback" not in res.stderr, res.stderr
     with pytest.raises(ConfigError):  # the same objection where run and plan load the sweep
         loader.load(old)
