@@ -10,7 +10,9 @@ ONE module-scoped sweep (`e2e`) serves every test here, each test one thing it m
 3. `run --add-trials 1`, a child process again, Ctrl-C'd (SIGINT to its process group) while
    the added trial's vLLM is starting: exit 130, every process stopped, the trial recorded
    FAIL(interrupted) as number 2 (the study's numbering continued), the two measured rows kept.
-The report of the sweep is rendered last.
+The report of the sweep is rendered last. Run as root (as CI runs), the first run's temp dir is
+shared, mode 1777 as /tmp, and a second local user (tests/second_user.py, uid 65534) tries
+issue #33's findings against it while it runs.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from tests.paths import CLI
 from tests.procs import new_engine_core
 from tests.procs import new_marker
 from tests.procs import wait_no_marked_processes
+from tests.second_user import Attacker
+from tests.second_user import Report
 from tests.sweeps import read_trials
 from tests.sweeps import write_sweep
 
@@ -81,6 +85,7 @@ class E2ESweep:
     trials_again: pd.DataFrame
     interrupted: Interrupted
     trials_after: pd.DataFrame  # after the interrupted run
+    second_user: Report | None  # what a second local user achieved (None: not run as root)
 
 
 def _in_a_terminal() -> None:
@@ -111,8 +116,11 @@ def interrupt_mid_trial(args: list[str], cwd: Path, env: dict[str, str],
 @pytest.fixture(scope="module")
 def e2e(tiny_model, shared_ray) -> Iterator[E2ESweep]:
     tmp = Path(tempfile.mkdtemp(prefix="vst-"))  # short: Ray's socket paths
+    shared = tmp / "t"  # the runs' temp dir (TMPDIR)
+    shared.mkdir()
     marker = new_marker()
-    env = cli_env(marker, tmp)
+    env = cli_env(marker, shared)
+    attacker = Attacker(shared, tmp / "u", os.geteuid()) if os.geteuid() == 0 else None
     sweep = write_sweep(tmp, tiny_model, n_trials=2)
     doc = yaml.safe_load(sweep.read_text())
     doc["cluster"] = {"start_ahead": 1}  # both servers start side by side, each measured alone
@@ -122,7 +130,10 @@ def e2e(tiny_model, shared_ray) -> Iterator[E2ESweep]:
             first = run_cli(["run", str(sweep)], tmp, env, timeout_s=600)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         left = wait_no_marked_processes(marker)
-        files, vllm_files = vsweep_leftovers(tmp), vllm_leftovers(tmp)
+        second_user = attacker.result() if attacker else None
+        if attacker:
+            attacker.remove_plants()  # the leftovers below are the sweep's own
+        files, vllm_files = vsweep_leftovers(shared), vllm_leftovers(shared)
         leaked = shm.leaked()
         trials = read_trials(tmp / "results", "e2e")
         # the process boundary was checked above; the same sweep again in-process
@@ -133,8 +144,10 @@ def e2e(tiny_model, shared_ray) -> Iterator[E2ESweep]:
                                           marker)
         trials_after = read_trials(tmp / "results", "e2e")
         yield E2ESweep(tmp, sweep, env, first, left, files, vllm_files, leaked, trials, again,
-                       trials_again, interrupted, trials_after)
+                       trials_again, interrupted, trials_after, second_user)
     finally:
+        if attacker:
+            attacker.stop()
         assert wait_no_marked_processes(marker) == []
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -165,6 +178,21 @@ def test_a_run_leaves_no_shared_memory(e2e):
     processes used, tests/leftovers.py: other tests' servers share /dev/shm): each server was
     shut down by vLLM before its processes were killed."""
     assert e2e.leaked_shared_memory == set()
+
+
+def test_a_second_user_on_the_node_cannot_reach_into_the_run(e2e):
+    """Issue #33's findings 1-3 tried by another local user while the first run ran
+    (tests/second_user.py): the planted logging config never ran, no log went through the
+    symlinks, the stale group record's process group lives, and the run's folder let the
+    second user neither in nor move it; the run's results are those the other tests check."""
+    got = e2e.second_user
+    if got is None:
+        pytest.skip("needs root to act as a second user (CI runs as root)")
+    assert got.run_folder is not None and got.run_folder.startswith(f"vsweep-{os.geteuid()}-"), got
+    assert got.attempts == dict.fromkeys(("list", "create", "rename", "remove", "chmod"),
+                                         "PermissionError"), got.attempts
+    assert not got.code_ran and got.stolen == "" and got.sleeper_alive, got
+    assert {"vsweep-logs", "vsweep-rpc-1", "vsweep-ctl-1.sock"} <= set(got.planted), got.planted
 
 
 def test_the_rows_are_the_baseline_then_the_tuned_trial(e2e):

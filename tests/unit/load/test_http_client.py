@@ -8,8 +8,6 @@ import asyncio
 import http.server
 import socket
 import threading
-from collections.abc import Awaitable
-from collections.abc import Callable
 
 import pytest
 
@@ -21,6 +19,7 @@ from framework.load.http_client import get
 from framework.load.http_client import get_sync
 from framework.load.loadgen import run_load
 from framework.load.workload import RequestSpec
+from tests.streams import serving
 
 ANSWER_S = 30.0  # timeout of an exchange the server answers at once: no loaded machine reaches it
 
@@ -120,19 +119,6 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[str, dict[str, str]]:
     headers = {name.strip().lower(): value.strip() for name, _, value in pairs}
     await reader.readexactly(int(headers.get("content-length", "0")))
     return line, headers
-
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def serving(handle: Handler, use: Callable[[str], Awaitable[object]]) -> object:
-    """Run ``use(base_url)`` against an asyncio server on 127.0.0.1 answering with ``handle``."""
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        return await use(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def _headers_sent(api_key: str | None, via: str) -> list[dict[str, str]]:

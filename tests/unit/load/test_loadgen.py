@@ -26,6 +26,7 @@ from framework.load.workload import RequestSpec
 from tests.streams import DONE
 from tests.streams import content
 from tests.streams import counter_clock
+from tests.streams import serving
 from tests.streams import sse
 from tests.streams import usage
 
@@ -499,12 +500,9 @@ async def _idle_closing_server(drop: set[tuple[int, int]], seen: list[tuple[int,
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        return await use(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
-    finally:
-        server.close()
-        await server.wait_closed()
+    result = await serving(handle, use)
+    assert isinstance(result, LoadResult)
+    return result
 
 
 def _two_in_a_row(drop: set[tuple[int, int]]) -> tuple[LoadResult, list[tuple[int, int]]]:
