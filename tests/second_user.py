@@ -64,7 +64,8 @@ sock = socket.socket(socket.AF_UNIX)
 sock.bind(str(shared / "vsweep-ctl-1.sock"))
 
 # 3. a stale served-group record naming the attacker's own process group
-sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # not our pipe
 (logs / "served-group").write_text(json.dumps({"pid": sleeper.pid}))
 report["sleeper"] = sleeper.pid
 report["planted"] = sorted(p.name for p in shared.iterdir())
@@ -119,8 +120,11 @@ class Attacker:
         os.chmod(shared, 0o1777)
         mine.mkdir(mode=0o700)
         os.chown(mine, NOBODY, NOBODY)
+        python = python_for_others()
+        if python is None:
+            raise OSError("no Python interpreter that another user may run")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", ATTACK, str(shared), str(self.mine), str(victim_uid),
+            [python, "-c", ATTACK, str(shared), str(self.mine), str(victim_uid),
              str(deadline_s)],
             user=NOBODY, group=NOBODY, extra_groups=[], cwd=self.mine,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.mine)},
@@ -151,6 +155,21 @@ class Attacker:
         for path in self.shared.iterdir():
             if path.lstat().st_uid == NOBODY:
                 subprocess.run(["rm", "-rf", "--", str(path)], check=True)
+
+
+def python_for_others() -> str | None:
+    """A Python interpreter that uid NOBODY can run (the project's venv may live where only
+    its owner can enter), tried as that user; None if there is none. The attack needs only
+    the standard library."""
+    for candidate in dict.fromkeys((sys.executable, "/usr/bin/python3", "/usr/local/bin/python3")):
+        try:
+            done = subprocess.run([candidate, "-c", "pass"], user=NOBODY, group=NOBODY,
+                                  extra_groups=[], cwd="/", capture_output=True, timeout=60)
+        except OSError:
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
 
 
 def _alive(pid: int) -> bool:

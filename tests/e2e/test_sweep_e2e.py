@@ -49,6 +49,7 @@ from tests.procs import new_marker
 from tests.procs import wait_no_marked_processes
 from tests.second_user import Attacker
 from tests.second_user import Report
+from tests.second_user import python_for_others
 from tests.sweeps import read_trials
 from tests.sweeps import write_sweep
 
@@ -120,7 +121,8 @@ def e2e(tiny_model, shared_ray) -> Iterator[E2ESweep]:
     shared.mkdir()
     marker = new_marker()
     env = cli_env(marker, shared)
-    attacker = Attacker(shared, tmp / "u", os.geteuid()) if os.geteuid() == 0 else None
+    attacker = (Attacker(shared, tmp / "u", os.geteuid())
+                if os.geteuid() == 0 and python_for_others() else None)
     sweep = write_sweep(tmp, tiny_model, n_trials=2)
     doc = yaml.safe_load(sweep.read_text())
     doc["cluster"] = {"start_ahead": 1}  # both servers start side by side, each measured alone
@@ -187,7 +189,8 @@ def test_a_second_user_on_the_node_cannot_reach_into_the_run(e2e):
     second user neither in nor move it; the run's results are those the other tests check."""
     got = e2e.second_user
     if got is None:
-        pytest.skip("needs root to act as a second user (CI runs as root)")
+        pytest.skip("needs root to act as a second user (CI runs as root) and a Python "
+                    "interpreter that user may run")
     assert got.run_folder is not None and got.run_folder.startswith(f"vsweep-{os.geteuid()}-"), got
     assert got.attempts == dict.fromkeys(("list", "create", "rename", "remove", "chmod"),
                                          "PermissionError"), got.attempts
