@@ -3,6 +3,10 @@ FakeEngine server (which answers /v1 as vLLM does: 401 without `Authorization: B
 refuses a request without the run's random key or with a wrong one, while the sweep's own load
 carries the key and succeeds; the key is in no result file and not in the output.
 `--no-api-key` leaves the next trial's server open, with one warning line.
+The secret-grep (#33's acceptance): a planted HF token handed to the servers through
+`server.secret_env` and the run's key appear in no artifact of the sweep: no byte of any file
+under the results (Parquet, logs, study journal), of the HTML report or of any export (serve,
+json, ray-serve, k8s), and not in the output.
 
 The refusals are sent from inside the run, just before each load starts (the load generator's
 entry, wrapped in this process: the sweep runs in-process on the session's shared Ray)."""
@@ -18,6 +22,7 @@ import pytest
 import yaml
 
 from framework.trial import measure
+from tests.cli import cli_in_process
 from tests.cli import run_joined
 from tests.clusters import join_shared
 from tests.sweeps import NO_REMEASURE
@@ -55,13 +60,15 @@ def test_a_joined_sweep_keys_its_servers_and_never_shows_the_key(shared_ray, tin
         return await real(base_url, model, requests, **kwargs)
 
     monkeypatch.setattr(measure, "run_load", load_after_probing)
+    hf_token = "hf_plantedSecret0123456789abcdef"  # as a user's HF_TOKEN would be
+    monkeypatch.setenv("HF_TOKEN", hf_token)
     space = short_tmp / "space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [2, 4], "default": 4}}}))
     sweep = short_tmp / "keyed.yaml"
     sweep.write_text(yaml.safe_dump(join_shared({
         "name": "keyed", "model": str(tiny_model), "search_space": str(space), "engine": "fake",
-        "server": {"startup_timeout_s": 60, "reuse": False,
+        "server": {"startup_timeout_s": 60, "reuse": False, "secret_env": ["HF_TOKEN"],
                    "env": {"FAKE_ENGINE_STARTUP_S": "0", "FAKE_ENGINE_TTFT_MS": "5",
                            "FAKE_ENGINE_TPOT_MS": "1"}},
         "workload": {"num_prompts": 4, "input_len": 8, "output_len": 4, "max_concurrency": 2,
@@ -77,9 +84,22 @@ def test_a_joined_sweep_keys_its_servers_and_never_shows_the_key(shared_ray, tin
     assert key and (bare, wrong) == (401, 401), seen
     trials = read_trials(short_tmp / "results", "keyed")
     assert list(trials["state"]) == ["COMPLETE"], trials["fail_detail"]  # the key was sent
-    leaked = [p for p in (short_tmp / "results").rglob("*")
-              if p.is_file() and key.encode() in p.read_bytes()]
-    assert leaked == [] and key not in res.stdout + res.stderr
+    exports = short_tmp / "exports"
+    exports.mkdir()
+    outputs = [res]
+    for form in ("serve", "json", "ray-serve", "k8s"):
+        outputs.append(cli_in_process("export", str(sweep), "--format", form,
+                                      "-o", str(exports / form), cwd=short_tmp))
+        assert outputs[-1].returncode == 0, outputs[-1].stderr[-2000:]
+    outputs.append(cli_in_process("report", str(sweep), "--out", str(exports / "report.html"),
+                                  cwd=short_tmp))
+    assert outputs[-1].returncode == 0, outputs[-1].stderr[-2000:]
+    files = [p for root in (short_tmp / "results", exports) for p in root.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".parquet" for p in files) and (exports / "k8s").is_file()
+    for secret in (key, hf_token):
+        leaked = [str(p) for p in files if secret.encode() in p.read_bytes()]
+        printed = [o.args for o in outputs if secret in o.stdout + o.stderr]
+        assert leaked == [] and printed == [], (secret[:3], leaked, printed)
     assert "--no-api-key" not in res.stdout + res.stderr
 
     opened = run_joined(shared_ray, ["run", str(sweep), "--add-trials", "1", "--no-api-key"],
