@@ -124,10 +124,11 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if check_flags:
         check_run_settings(spec, space)
         check_cross(path, spec, space, vllm_rules=spec.engine != "fake")
-    check_load_bound(path, spec, space)  # plan's too: pure, no vLLM needed (load_meaning)
     prices = file_prices(path, spec)
     check_prices(path, spec, prices)
-    return Sweep(path=path, spec=spec, space=space, facts=facts, target=target_of(path, spec),
+    target = target_of(path, spec)
+    check_load_bound(path, spec, space)  # plan's too: pure, no vLLM needed (load_meaning)
+    return Sweep(path=path, spec=spec, space=space, facts=facts, target=target,
                  file_prices=prices, api_key=api_key(spec))
 
 

@@ -140,8 +140,10 @@ def fake_sweep(tmp: Path, **extra) -> Path:
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [2, 4], "default": 4}}}))
     path = tmp / "sweep.yaml"
+    # a latency objective: a throughput at a trace's own pace ranks the traffic (load_meaning)
     path.write_text(yaml.safe_dump({"name": "f", "model": str(model), "search_space": str(space),
                                     "engine": "fake", "sla": {"p99_ttft_ms": 500},
+                                    "objective": {"metric": "p99_ttft_ms", "direction": "minimize"},
                                     "results_dir": str(tmp / "results"), **extra}))
     return path
 
