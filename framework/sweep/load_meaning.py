@@ -56,23 +56,27 @@ def load_bound_problem(path: Path, spec: SweepSpec,
     there; a searched load setting still is."""
     if spec.objective.allow_load_bound:
         return None
-    for name in space.run_params:
+    if space.run_params:
+        name = space.run_params[0]
         return (str(spec.search_space), f"parameters.{name}", "kind: run",
                 f"a searched load setting: trials would run different offered loads, and "
                 f"{spec.objective.metric} compared across them ranks the load, not the flags; "
                 f"fix it in the workload (one sweep per load) and {INSTEAD}")
     if spec.capacity is not None:
         return None
-    following = [m for m in spec.objective.metrics if m in LOAD_FOLLOWING]
+    keyed = [("objective.metric", spec.objective.metric),
+             *(("objective.pareto_with", m) for m in spec.objective.pareto_with)]
+    following = [(key, m) for key, m in keyed if m in LOAD_FOLLOWING]
     if not following:
         return None
+    key, metric = following[0]
     named: list[tuple[str, WorkloadSpec]] = (
         [(f"workloads.{w.name}", w) for w in spec.workloads] or [("workload", spec.workload)])
     for where, w in named:
         if why := fixed_load(w):
-            return (str(path), "objective.metric", following[0],
+            return (str(path), key, metric,
                     f"{where} {why}: every configuration that keeps up carries exactly that, "
-                    f"so {following[0]} ranks the traffic, not the flags; {INSTEAD}")
+                    f"so {metric} ranks the traffic, not the flags; {INSTEAD}")
     return None
 
 

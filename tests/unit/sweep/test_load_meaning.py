@@ -43,7 +43,7 @@ def problem(tmp: Path, workload: dict[str, Any], space: dict[str, Any],
      "objective.metric"),
     ({"request_rate": 4}, FLAG, {"objective": {"metric": "p99_ttft_ms", "direction": "minimize",
                                                "pareto_with": ["output_throughput"]}},
-     "objective.metric"),
+     "objective.pareto_with"),
     # a searched load setting, whatever the objective
     ({}, CONC_RUN, {}, "parameters.max-concurrency"),
     ({"request_rate": 4}, RATE_RUN, {"objective": {"metric": "p99_ttft_ms",
