@@ -44,6 +44,7 @@ from framework.base.vocabulary import unit_of
 from framework.base.vocabulary import with_unit
 from framework.config.search_space import RUN_SETTINGS
 from framework.results.early import cut_short
+from framework.results.rows import param_column
 from framework.trial.precision import Noise
 from framework.trial.precision import pooled_noise
 from framework.trial.stats import t975
@@ -227,13 +228,13 @@ def sla_breaks(rows: pd.DataFrame, sla: Mapping[str, float]) -> str | None:
     return f"{', '.join(found)} ({f'mean of {n} fresh servers' if n > 1 else 'one server'})"
 
 
-def load_columns(trials: pd.DataFrame) -> list[str]:
-    """The trial table's columns of searched load settings (RUN_SETTINGS' `param_` columns)."""
-    return [c for c in (f"param_{n.replace('-', '_')}" for n in RUN_SETTINGS) if c in trials]
+def load_columns(trials: pd.DataFrame) -> list[tuple[str, str]]:
+    """(setting, column) of each searched load setting the trial table has (RUN_SETTINGS)."""
+    return [(n, param_column(n)) for n in RUN_SETTINGS if param_column(n) in trials]
 
 
-def _setting(row: pd.Series, columns: Sequence[str]) -> str:
-    return " ".join(f"{c.removeprefix('param_').replace('_', '-')}={row[c]}" for c in columns)
+def _setting(row: pd.Series, columns: Sequence[tuple[str, str]]) -> str:
+    return " ".join(f"{name}={row[column]}" for name, column in columns)
 
 
 def at_one_load(trials: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
