@@ -5,6 +5,7 @@ leftovers, browser, isolated_nodes, ray_start, reservations, scheduling_math."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -13,8 +14,18 @@ import pytest
 
 from tests.lanes import costliest_first
 from tests.lanes import file_costs
+from tests.lanes import scope_of
 from tests.paths import ROOT
 from tests.paths import TINY_MODEL
+
+# Every Ray the suite starts (emulated and `ray start` nodes, the product's private Rays; they
+# inherit this environment) skips two costs nothing here uses (docs/BENCHMARKS.md, session 15):
+# the idle Python workers a raylet prestarts for its first driver (each ~1 core-s to start and
+# ~0.8 core-s a minute idle; the project's actors carry a runtime_env, so they never take one)
+# and the dashboard agent's node report every 5 s (ray/dashboard/modules/reporter/
+# reporter_consts.py; nothing here reads Ray's metrics). Ray's own knobs, set only if unset.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,6 +36,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = costliest_first([file_of(i) for i in items], file_costs())
     rank = {name: n for n, name in enumerate(order)}
     items.sort(key=lambda i: rank[file_of(i)])  # stable: a file's tests keep their order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, except that a group of files (tests/lanes.py GROUPS) is one scope:
+    xdist hands it whole to one lane, so the group's session fixture starts once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid.split("::", 1)[0])
+
+    return LaneScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,10 @@
-"""Real pipeline parallelism across two emulated Ray nodes (distinct loopback IPs), and the
-contract of tests/isolated_nodes.py (#32) those nodes keep: an isolated node sees neither the
-head's files nor another node's, nor their processes, as another host would not; the host reads
-what a node leaves in its TMPDIR.
+"""Real pipeline parallelism across two emulated Ray nodes (distinct loopback IPs), `vllm-sweep
+doctor` on those nodes, and the contract of tests/isolated_nodes.py (#32) they keep: an isolated
+node sees neither the head's files nor another node's, nor their processes, as another host would
+not; the host reads what a node leaves in its TMPDIR.
 
-The cluster is this module's (one for both tests: neither is about the cluster's own start, stop
-or failure) and the sweep joins it through `cluster.address`: a head
+The cluster is this module's (one for every test: none is about the cluster's own start, stop
+or failure) and each command joins it through `cluster.address`: a head
 from ray.cluster_utils that holds no CPU (the GCS, and the raylet of the driver, which runs in
 this process), and two isolated nodes (tests/isolated_nodes.py, #32), each in its own mount and
 PID namespace with its own TMPDIR, HOME and caches, every process tagged with a marker env var.
@@ -30,11 +30,14 @@ import pytest
 import yaml
 
 from tests.cli import cli_in_process
+from tests.cli import cli_joined
 from tests.cli import joined_cli_env
+from tests.cli import table_rows
 from tests.clusters import HEAD_IP
 from tests.isolated_nodes import IsolatedCluster
 from tests.isolated_nodes import isolated_cluster
 from tests.leftovers import vsweep_leftovers
+from tests.paths import ROOT
 from tests.procs import marked_processes
 from tests.sweeps import NO_REMEASURE
 from tests.sweeps import read_trials
@@ -209,3 +212,71 @@ def test_pipeline_stages_span_two_nodes(tiny_model, two_node_cluster):
     assert not (tmp / ".cache").exists() and not (cluster_dir(two_node_cluster) / ".cache").exists()
     assert any((node.folder / ".cache" / "vllm-sweep" / "vllm").is_dir()
                for node in two_node_cluster.nodes)
+
+
+def write_doctor_sweep(tmp: Path, model: Path, name: str, cache_dir: Path) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": name, "model": str(model),
+        "search_space": str(ROOT / "search_spaces" / "tiny_cpu.yaml"),
+        "server": {"args": {"enforce-eager": True, "max-model-len": 512},
+                   "startup_timeout_s": 300},
+        "workload": {"num_prompts": 40, "input_len": 64, "output_len": 16, "max_concurrency": 8},
+        "cluster": {"cache_dir": str(cache_dir)},
+        "results_dir": str(tmp / "results"),
+    }))
+    return path
+
+
+def doctor_folder(cluster: IsolatedCluster, name: str) -> Path:
+    """A driver's folder in the cluster's, which no isolated node sees."""
+    tmp = cluster_dir(cluster) / name
+    tmp.mkdir()
+    return tmp
+
+
+@pytest.mark.timeout(600)
+def test_doctor_passes_on_isolated_nodes(tiny_model, two_node_cluster):
+    """Guards the doctor's per-node probe (every alive node's GPUs, cache dir and ports, one
+    row each; a check run on the driver's node only, or one node's for all, gives another
+    node's rows wrong) and its CPU server started as a sweep starts one (launcher + run_trial),
+    on nodes that see none of the driver's files (#32: the doctor on nodes apart as hosts)."""
+    cluster = two_node_cluster
+    tmp = doctor_folder(cluster, "doctor-ok")
+    sweep = write_doctor_sweep(tmp, tiny_model, "ok", tmp / "cache")
+    res = cli_joined(["doctor", str(sweep), "--address", cluster.address], tmp, cluster.marker,
+                     cluster_dir(cluster))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-5000:]
+    assert res.stdout.count("┏") == 1, out  # one table
+    rows = table_rows(res.stdout)
+    for ip in (HEAD_IP, *NODES):
+        for check in ("GPUs", "cache dir", "server ports"):
+            assert [ip, check, "ok"] in [r[:3] for r in rows], out
+    server = next(r for r in rows if r[1] == "server TP=1 (CPU)")
+    assert server[2] == "ok" and "20/20 requests ok" in server[3], out
+    assert [r[2] for r in rows if r[1] in ("server TP=2", "server PP=2")] == ["skipped"] * 2
+    assert "starting server" in out
+    for node in cluster.nodes:  # the server left nothing in its node's TMPDIR
+        assert vsweep_leftovers(node.folder) == [], node.ip
+
+
+@pytest.mark.timeout(300)
+def test_doctor_fails_on_an_unwritable_cache_dir_without_starting_servers(tiny_model,
+                                                                           two_node_cluster):
+    """Guards a failed node check found on each node, and no server started after one. The
+    cache dir lies under /dev/null, a file on every node (a file of the driver's folder would
+    not be one on an isolated node, as on another host)."""
+    cluster = two_node_cluster
+    tmp = doctor_folder(cluster, "doctor-bad")
+    sweep = write_doctor_sweep(tmp, tiny_model, "bad", Path("/dev/null/cache"))
+    res = cli_joined(["doctor", str(sweep), "--address", cluster.address], tmp, cluster.marker,
+                     cluster_dir(cluster))
+    out = res.stdout + res.stderr
+    assert res.returncode == 3, out[-5000:]
+    rows = table_rows(res.stdout)
+    for ip in (HEAD_IP, *NODES):
+        row = next(r for r in rows if r[:2] == [ip, "cache dir"])
+        assert row[2] == "FAIL" and "not writable" in row[3], out
+    assert ["all nodes", "server TP=1 (CPU)", "skipped"] in [r[:3] for r in rows], out
+    assert "starting server" not in out

@@ -9,9 +9,11 @@ import textwrap
 import pytest
 
 from benchmarks.suite_durations import seconds_per_file
+from tests import lanes
 from tests.lanes import NEW_FILE_S
 from tests.lanes import costliest_first
 from tests.lanes import file_costs
+from tests.paths import ROOT
 
 COSTS = {"e2e/a.py": 200.0, "e2e/b.py": 50.0, "unit/c.py": 1.0}
 
@@ -28,6 +30,22 @@ COSTS = {"e2e/a.py": 200.0, "e2e/b.py": 50.0, "unit/c.py": 1.0}
 def test_costliest_first(files, expected):
     assert NEW_FILE_S < 50.0
     assert costliest_first(files, COSTS) == expected
+
+
+def test_a_group_is_placed_whole_at_the_sum_of_its_files(monkeypatch):
+    """Two files of 50 s and 1 s in one group rank as one scope of 51 s,
+    before a file of 50 s and after one of 200 s, together, in first-seen order."""
+    monkeypatch.setattr(lanes, "GROUPS", {"g": ("unit/c.py", "e2e/b.py")})
+    costs = {**COSTS, "e2e/d.py": 50.5}
+    assert costliest_first(["e2e/d.py", "unit/c.py", "e2e/a.py", "e2e/b.py"], costs) == [
+        "e2e/a.py", "unit/c.py", "e2e/b.py", "e2e/d.py"]
+    assert lanes.scope_of("e2e/b.py") == lanes.scope_of("unit/c.py") == "g"
+    assert lanes.scope_of("e2e/d.py") == "e2e/d.py"
+
+
+def test_the_shipped_groups_name_files_that_exist():
+    for files in lanes.GROUPS.values():
+        assert all((ROOT / f).is_file() for f in files), files
 
 
 def test_the_shipped_table_is_read_and_a_missing_one_is_empty(tmp_path):
