@@ -40,6 +40,9 @@ from framework.config.search_space import grid_values
 
 BASELINE_ATTR = "baseline"
 FAIL_REASON_ATTR = "fail_reason"
+# A trial's Evaluation, stored (`remember`) before its rows are written and told after them: a
+# driver killed between the two leaves a RUNNING trial with a row, told from this on resume.
+EVALUATION_ATTR = "evaluation"
 RETRY_OF_ATTR = "retry_of"
 CONFIRM_OF_ATTR = "confirm_of"
 INTERLEAVED_ATTR = "interleaved"  # a baseline re-measurement in the middle of the search
@@ -211,6 +214,32 @@ class Tuner:
         self.config_failures = CONFIG_FAILURES if learn_from_failures else frozenset()
         self._dists = distributions(space)
         self._lock = threading.RLock()
+
+    def remember(self, proposal: Proposal, ev: Evaluation) -> None:
+        """Store what `proposal` will be told, before the caller writes its rows (tell_recorded)."""
+        objective = ev.objective if ev.objective is None or isinstance(ev.objective, (int, float)) \
+            else list(ev.objective)
+        with self._lock:
+            proposal.trial.set_user_attr(EVALUATION_ATTR, {
+                "objective": objective, "constraints": dict(ev.constraints),
+                "fail_reason": ev.fail_reason, "violation": ev.violation})
+
+    def tell_recorded(self, recorded: Collection[int]) -> list[int]:
+        """Tell the trials a dead driver left RUNNING after it recorded them (their number in
+        `recorded`, the rows on disk) what it remembered; returns their numbers. A RUNNING
+        trial without a row, or without a remembered evaluation, is left to close_interrupted."""
+        told = []
+        with self._lock:
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                stored = t.user_attrs.get(EVALUATION_ATTR)
+                if t.number not in recorded or not isinstance(stored, dict):
+                    continue
+                trial = optuna.trial.Trial(self.study, self._trial_id(t.number))
+                proposal = Proposal(t.number, dict(t.params), bool(t.user_attrs.get(BASELINE_ATTR)),
+                                    trial)
+                self._tell(proposal, Evaluation(**stored))
+                told.append(t.number)
+        return told
 
     def close_interrupted(self) -> list[int]:
         """Mark trials left RUNNING by a dead driver as FAIL(interrupted); returns their numbers."""

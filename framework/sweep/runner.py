@@ -324,7 +324,8 @@ class Runner:
 
     def _record(self, plan: TrialPlan, outcome: TrialOutcome, feas: Feasibility | None = None,
                 server_log: Path | None = None) -> dict:
-        """Write the trial's request rows, then its row; tell the study. Returns the row."""
+        """Store the trial's evaluation in the study, write its request rows, then its row; tell
+        the study. Returns the row."""
         p, shape = plan.proposal, plan.shape
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
         j = judge(outcome, sla, self.spec.objective, sla_on=self.spec.search.sla_on,
@@ -339,17 +340,19 @@ class Runner:
                            confirmation_of=p.confirm_of, startup_levers=plan.levers,
                            fleet=j.fleet)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
+        ev = Evaluation(
+            objective=(verdict.values if len(verdict.values) > 1 else verdict.objective)
+            if verdict else None,
+            constraints=verdict.constraints if verdict else {}, fail_reason=outcome.fail_reason,
+            violation=feas.violation if feas is not None and not feas.ok else 1.0)
+        self.tuner.remember(p, ev)  # a kill between the rows and the tell: told on resume
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         if self.spec.workloads:
             self.store.write_workloads(p.number, workload_rows(p.number, outcome, j.each,
                                                                self.workload_columns),
                                        self.workload_columns)
         self.store.write_trial(row, self.columns)
-        self.tuner.tell(p, Evaluation(
-            objective=(verdict.values if len(verdict.values) > 1 else verdict.objective)
-            if verdict else None,
-            constraints=verdict.constraints if verdict else {}, fail_reason=outcome.fail_reason,
-            violation=feas.violation if feas is not None and not feas.ok else 1.0))
+        self.tuner.tell(p, ev)
         return row
 
     def _record_interrupted(self, number: int, params: dict, is_baseline: bool) -> None:
@@ -382,6 +385,9 @@ class Runner:
     def recover(self) -> None:
         """Close trials an earlier, killed driver left RUNNING (re-queued if the sweep says
         so), then queue the baseline."""
+        for number in self.tuner.tell_recorded(self.store.trial_numbers()):
+            self.console.print(f"trial {number} was recorded by an earlier run that stopped "
+                               "before telling the study: told from what it stored")
         requeue = self.spec.search.requeue_interrupted
         for number in self.tuner.close_interrupted():
             c = self.tuner.configuration(number)

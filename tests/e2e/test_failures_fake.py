@@ -267,9 +267,10 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
         # after the next trial starts): the kill comes while trial 1 has no row yet
         seen = read_until(proc, "trial 1: starting server", timeout_s=120)
         assert "trial 1: starting server" in seen, seen
-        # trial 0's result line comes after its row and its tell to the study: a kill between
-        # the two (row written, trial still RUNNING in the journal) made the resume record trial
-        # 0 as interrupted over its measured row (s14e; a product defect left for #31/#35)
+        # trial 0's result line comes after its row and its tell to the study: what this test
+        # checks is a trial killed while it starts (trial 1). A kill between trial 0's row and
+        # its tell (s14e) is now told on resume from what it stored (Tuner.tell_recorded,
+        # tests/unit/search/test_tuner.py)
         if "so far" not in seen:
             seen += read_until(proc, "so far", timeout_s=120)
         assert "so far" in seen and wait_for_file(first_row, proc, timeout_s=60), seen

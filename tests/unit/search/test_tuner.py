@@ -246,6 +246,45 @@ def test_close_interrupted_trial_of_killed_driver(journal):
     assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING]
 
 
+@pytest.mark.parametrize("ev", [
+    ok(5.0, p99_ttft_ms=-3.0),
+    Evaluation(objective=None, constraints={}, fail_reason="oom_at_startup", violation=0.5),
+    Evaluation(objective=None, constraints={}, fail_reason="node_lost"),
+])
+def test_a_trial_recorded_but_not_told_is_told_on_resume_as_it_would_have_been(journal, ev):
+    """Guards the kill -9 between a trial's rows and its tell (the runner's `_record`): the
+    resume must tell the study what the dead driver measured, not FAIL(interrupted) over a row
+    on disk. The same evaluation told live and told on resume leave equal trials."""
+    live = make_tuner(journal)
+    told = live.ask()
+    live.remember(told, ev)
+    live.tell(told, ev)
+    dead = live.ask()  # the same evaluation remembered, its rows written, then killed -9
+    live.remember(dead, ev)
+    del live
+
+    fresh = make_tuner(journal)
+    assert fresh.tell_recorded(recorded={0}) == []  # trial 1's rows are not on disk yet
+    assert fresh.tell_recorded(recorded={0, 1}) == [1]
+    assert fresh.close_interrupted() == []
+    a, b = fresh.study.trials[0], fresh.study.trials[1]
+    assert (b.state, b.values, b.user_attrs.get(FAIL_REASON_ATTR), b.system_attrs) == (
+        a.state, a.values, a.user_attrs.get(FAIL_REASON_ATTR), a.system_attrs)
+    assert fresh.tell_recorded(recorded={0, 1}) == []  # told once
+
+
+def test_a_trial_remembered_without_its_rows_is_interrupted(journal):
+    """Killed after `remember`, before its rows: nothing of it is on disk, so it is
+    FAIL(interrupted) as any trial a dead driver left running."""
+    dead = make_tuner(journal)
+    p = dead.ask()
+    dead.remember(p, ok(2.0))
+    fresh = make_tuner(journal)
+    assert fresh.tell_recorded(recorded=set()) == []
+    assert fresh.close_interrupted() == [0]
+    assert fresh.study.trials[0].user_attrs[FAIL_REASON_ATTR] == "interrupted"
+
+
 def test_close_interrupted_several_including_baseline(journal):
     dead = make_tuner(journal)
     dead.enqueue_baseline(DEFAULTS)

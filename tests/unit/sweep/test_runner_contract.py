@@ -384,6 +384,39 @@ def test_a_trial_a_dead_driver_left_running_is_recorded_as_interrupted(tmp_path)
     assert runner.tuner.configuration(left.number).params == left.params
 
 
+class KilledAtTell(BaseException):
+    """The driver killed between a trial's rows and its tell (as kill -9 there would)."""
+
+
+@pytest.mark.timeout(120)
+def test_a_trial_recorded_but_not_told_by_a_dead_driver_keeps_its_row_on_resume(tmp_path):
+    """Guards s14e's race: kill -9 after `_record` wrote trial 0's rows and before it told the
+    study left it RUNNING; the resume recorded FAIL(interrupted) over the measured row. Now the
+    resume tells the study what the dead driver stored, keeps the row, and goes on."""
+    space = {"max-num-seqs": {"type": "categorical", "choices": [4, 8]}}
+    path = _sweep(tmp_path, "killed", space, False, 2)
+    dead = Runner(load(path), FakeLauncher(gpus=1), Console(file=io.StringIO()))
+
+    def killed(p: Proposal, ev: Evaluation) -> None:
+        raise KilledAtTell
+
+    dead.tuner.tell = killed  # type: ignore[method-assign]
+    with pytest.raises(KilledAtTell):
+        dead.run(1)  # one trial: none other in flight for the interrupt handler to record
+    measured = dead.store.read_trials()
+    assert list(measured["state"]) == ["COMPLETE"]
+
+    runner, counted, out = _run(path, FakeLauncher(gpus=1), 2)
+    assert "trial 0 was recorded by an earlier run that stopped before telling the study" in out
+    assert "interrupted" not in out
+    trials = runner.store.read_trials()
+    assert list(trials["trial_number"]) == [0, 1] and list(trials["state"]) == ["COMPLETE"] * 2
+    assert trials.iloc[0]["objective"] == measured.iloc[0]["objective"]  # the row kept
+    study = runner.tuner.study.trials
+    assert study[0].state.name == "COMPLETE" and study[0].values == [measured.iloc[0]["objective"]]
+    assert counted.asked == [1]  # trial 0 is not run again
+
+
 @pytest.mark.parametrize("module", ["runner", "server_pool", "trial_plan"])
 def test_the_sweep_loop_imports_neither_optuna_nor_pandas(module):
     tree = ast.parse((ROOT / "framework" / "sweep" / f"{module}.py").read_text())
