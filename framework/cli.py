@@ -112,6 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 console.print(f"removed {len(left)} temp folder(s) left by runs that died: "
                               f"{', '.join(left)}", highlight=False, soft_wrap=True)
             runner = Runner(sw, launcher, console)
+            runner.recover()  # a killed run's trials are closed before --add-trials counts
             target = max(runner.tuner.finished(), spec.search.n_trials)
             if args.add_trials:
                 target = runner.tuner.finished() + args.add_trials

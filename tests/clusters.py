@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -76,6 +77,29 @@ def assert_loopback_nodes(address: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=dict(os.environ, RAY_ADDRESS="")).stdout.split()
     assert out and all(ipaddress.ip_address(ip).is_loopback for ip in out), out
+
+
+# The actor table as GCS holds it, dead actors included: the source of `ray list actors
+# --detail` (ray/util/state/common.py ActorState.serialized_runtime_env), read without a
+# dashboard, which the state API needs and the test clusters do not run.
+_ACTOR_TABLE = """
+import json, sys, ray
+from ray.core.generated import gcs_pb2
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+rows = [gcs_pb2.ActorTableData.FromString(b)
+        for b in ray._private.state.state._connect_and_get_accessor().get_actor_table(None, None)]
+print(json.dumps([{"class_name": r.class_name, "state": gcs_pb2.ActorTableData.ActorState.Name(
+    r.state), "serialized_runtime_env": r.serialized_runtime_env} for r in rows]))
+"""
+
+
+def actor_table(address: str) -> list[dict[str, str]]:
+    """Every actor the cluster at `address` has held (class name, state, serialized runtime
+    env), from a child process, so this process joins no cluster."""
+    res = subprocess.run([sys.executable, "-c", _ACTOR_TABLE, address], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, RAY_ADDRESS=""))
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,8 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in SESSION_METRICS]
     columns += class_columns(classes, percentiles)
     columns += [("output_throughput_per_gpu", "float"), ("request_goodput_per_gpu", "float"),
-                ("capacity_rps", "float"), ("capacity_steps", "int"), ("repeats", "int"),
+                ("capacity_rps", "float"), ("capacity_steps", "int"),
+                ("capacity_speed_up", "float"), ("repeats", "int"),
                 ("objective_ci95_low", "float"), ("objective_ci95_high", "float"),
                 ("objective_cv", "float"), ("precision_target", "float"),
                 ("ci95_halfwidth", "float"), ("ci95_halfwidth_within", "float"),

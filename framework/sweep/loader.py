@@ -102,13 +102,14 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         if not os.environ.get(name):
             raise ConfigError(str(path), "server.secret_env", name,
                               f"environment variable {name} is not set (servers get its value)")
-    if spec.capacity is not None and "request-rate" in space.run_params:
-        raise ConfigError(str(spec.search_space), "parameters.request-rate", "kind: run",
-                          "capacity mode searches the request rate itself; drop this parameter")
-    if spec.capacity is not None and spec.workload.dataset == "timed_trace":
-        raise ConfigError(str(path), "capacity", "dataset timed_trace", "capacity mode paces "
-                          "requests at rates of its own; a timed trace times its requests "
-                          "(replay it at a fixed speed_up and compare a latency percentile)")
+    for name in ("request-rate", "speed-up"):
+        if spec.capacity is not None and name in space.run_params:
+            raise ConfigError(str(spec.search_space), f"parameters.{name}", "kind: run",
+                              f"capacity mode searches the {name.replace('-', ' ')} itself; "
+                              "drop this parameter")
+    if spec.capacity is not None and spec.workload.speed_up != 1.0:
+        raise ConfigError(str(path), "workload.speed_up", spec.workload.speed_up,
+                          "capacity mode searches the trace's speed-up itself; drop this key")
     if spec.search.sampler == "grid":
         try:
             grid_values(space)

@@ -383,8 +383,9 @@ class Runner:
         return True
 
     def recover(self) -> None:
-        """Close trials an earlier, killed driver left RUNNING (re-queued if the sweep says
-        so), then queue the baseline."""
+        """Close trials an earlier, killed driver left RUNNING (told from what it stored, or
+        FAIL(interrupted) and re-queued if the sweep says so), then queue the baseline.
+        Idempotent: `run` calls it again, and a second call finds nothing to do."""
         for number in self.tuner.tell_recorded(self.store.trial_numbers()):
             self.console.print(f"trial {number} was recorded by an earlier run that stopped "
                                "before telling the study: told from what it stored")

@@ -23,6 +23,8 @@ from framework.load.mix import Mix
 from framework.load.mix import RequestClass
 from framework.load.sampling import sampling_from
 from framework.load.sharegpt import read_sharegpt_conversations
+from framework.load.trace import mean_rate
+from framework.load.trace import read_trace
 from framework.load.workload import Dataset
 from framework.load.workload import arrival_offsets
 from framework.load.workload import load_tokenizer
@@ -101,7 +103,8 @@ def load_plan(spec: SweepSpec, api_key: str | None = None) -> LoadPlan:
                  for i in range(c.max_steps)]
         capacity = CapacityPlan(settings=settings, step_requests=steps,
                                 burstiness=w.burstiness, seed=w.seed,
-                                sla=load_limits(spec.sla))
+                                sla=load_limits(spec.sla), trace_offsets=trace,
+                                trace_rate=None if trace is None else _trace_rate(w))
     return LoadPlan(model=str(spec.model), warmup=warmup, measured=measured, arrivals=arrivals,
                     max_concurrency=w.max_concurrency, ignore_eos=w.ignore_eos,
                     request_timeout_s=w.request_timeout_s, percentiles=w.percentiles,
@@ -120,6 +123,17 @@ def load_plan(spec: SweepSpec, api_key: str | None = None) -> LoadPlan:
                     max_active_sessions=w.sessions.max_active_sessions,
                     classes=tuple(c.name for c in w.mix),
                     saturation=saturation_settings(spec))
+
+
+def _trace_rate(w: WorkloadSpec) -> float:
+    """A timed trace's mean rate at speed-up 1 over the whole file (trace.mean_rate, the rate
+    target.from_trace takes); a trace without one is a ConfigError."""
+    assert w.dataset_path is not None
+    try:
+        return mean_rate(read_trace(w.dataset_path, w.timed_trace or TimedTraceSpec()))
+    except ValueError as exc:
+        raise ConfigError(str(w.dataset_path), "capacity", "dataset timed_trace",
+                          f"{exc}: capacity on a trace needs its rate") from None
 
 
 def saturation_settings(spec: SweepSpec) -> SaturationSettings:

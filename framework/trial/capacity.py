@@ -10,6 +10,11 @@ Steps, given the (rate, SLA held) pairs measured so far:
    space: rates span orders of magnitude).
 Never more than `max_steps` steps. Capacity = the highest rate that held (0 if none).
 Requests per step: round(rate x step_duration_s), clamped to [min_requests, max_requests].
+
+A timed trace has its own timing: a step at `rate` replays the trace's first requests at
+speed-up k = rate / R, R the trace's mean rate at speed-up 1 over the whole file (the rate
+`target.from_trace` takes): send offset_i = trace offset_i / k. The capacity in speed-up is then
+capacity_rps / R, and a fleet sized for R carries the trace's own traffic.
 """
 
 from __future__ import annotations
@@ -60,3 +65,9 @@ def capacity(history: Sequence[tuple[float, bool]]) -> float:
 
 def requests_for(rate: float, s: CapacitySettings) -> int:
     return max(s.min_requests, min(s.max_requests, round(rate * s.step_duration_s)))
+
+
+def trace_arrivals(offsets: Sequence[float], trace_rate: float, rate: float, n: int) -> list[float]:
+    """Send offsets of a step at `rate` on a timed trace (module docstring): the first `n` of
+    the trace's `offsets` (at speed-up 1) divided by the speed-up rate / `trace_rate`."""
+    return [t * trace_rate / rate for t in offsets[:n]]

@@ -38,6 +38,7 @@ from framework.trial.capacity import CapacitySettings
 from framework.trial.capacity import capacity
 from framework.trial.capacity import next_rate
 from framework.trial.capacity import requests_for
+from framework.trial.capacity import trace_arrivals
 from framework.trial.deadline import Deadline
 from framework.trial.objective import by_class
 from framework.trial.objective import evaluate
@@ -63,6 +64,9 @@ class CapacityPlan:
     burstiness: float
     seed: int
     sla: Mapping[str, float]
+    # a timed trace: its send offsets at speed-up 1 and its mean rate (capacity.trace_arrivals)
+    trace_offsets: Sequence[float] | None = None
+    trace_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -360,7 +364,8 @@ def measure_fixed(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phas
 def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
                      m: Measurement, still_serving: Callable[[], None]) -> dict[str, float]:
     """Rate steps until framework.trial.capacity says done; the metrics of the step that decides
-    the capacity, with capacity_rps and capacity_steps."""
+    the capacity, with capacity_rps and capacity_steps (and, on a timed trace, capacity_speed_up:
+    capacity_rps / the trace's mean rate)."""
     cap = plan.capacity
     assert cap is not None
     s = cap.settings
@@ -369,8 +374,12 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
         index = len(measured)
         n = requests_for(rate, s)
         requests = list(cap.step_requests[index % len(cap.step_requests)])[:n]
-        arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
         doing = f"under load at {rate:.3g} req/s"
+        if cap.trace_offsets is not None and cap.trace_rate:
+            arrivals = trace_arrivals(cap.trace_offsets, cap.trace_rate, rate, len(requests))
+            doing += f" (the trace at {rate / cap.trace_rate:.3g}x)"
+        else:
+            arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
         phase(f"{doing} ({len(requests)} requests, step {index + 1})")
         m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None, arrivals,
                 requests)
@@ -386,4 +395,6 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
     found = capacity([(r, ok) for r, ok, _ in measured])
     deciding = max((x for x in measured if x[1]), key=lambda x: x[0], default=None) \
         or min(measured, key=lambda x: x[0])
-    return {**deciding[2], "capacity_rps": found, "capacity_steps": len(measured)}
+    speed_up = found / cap.trace_rate if cap.trace_offsets is not None and cap.trace_rate else None
+    return {**deciding[2], "capacity_rps": found, "capacity_steps": len(measured),
+            **({"capacity_speed_up": speed_up} if speed_up is not None else {})}

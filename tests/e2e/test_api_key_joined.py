@@ -6,7 +6,8 @@ carries the key and succeeds; the key is in no result file and not in the output
 The secret-grep (#33's acceptance): a planted HF token handed to the servers through
 `server.secret_env` and the run's key appear in no artifact of the sweep: no byte of any file
 under the results (Parquet, logs, study journal), of the HTML report or of any export (serve,
-json, ray-serve, k8s), and not in the output.
+json, ray-serve, k8s), not in the output, and not in the runtime_env of any actor the run
+started (the actor table `ray list actors --detail` shows).
 
 The refusals are sent from inside the run, just before each load starts (the load generator's
 entry, wrapped in this process: the sweep runs in-process on the session's shared Ray)."""
@@ -24,6 +25,7 @@ import yaml
 from framework.trial import measure
 from tests.cli import cli_in_process
 from tests.cli import run_joined
+from tests.clusters import actor_table
 from tests.clusters import join_shared
 from tests.sweeps import NO_REMEASURE
 from tests.sweeps import read_trials
@@ -96,10 +98,17 @@ def test_a_joined_sweep_keys_its_servers_and_never_shows_the_key(shared_ray, tin
     assert outputs[-1].returncode == 0, outputs[-1].stderr[-2000:]
     files = [p for root in (short_tmp / "results", exports) for p in root.rglob("*") if p.is_file()]
     assert any(p.suffix == ".parquet" for p in files) and (exports / "k8s").is_file()
+    # the run's server actor is in the table with the environment it was given (the shared
+    # Ray's other actors, of earlier sweeps in this lane, are read too)
+    actors = actor_table(shared_ray.address)
+    assert any(a["class_name"] == "ServerActor" and "FAKE_ENGINE_TPOT_MS" in
+               a["serialized_runtime_env"] for a in actors), actors
     for secret in (key, hf_token):
         leaked = [str(p) for p in files if secret.encode() in p.read_bytes()]
         printed = [o.args for o in outputs if secret in o.stdout + o.stderr]
-        assert leaked == [] and printed == [], (secret[:3], leaked, printed)
+        in_env = [a["class_name"] for a in actors if secret in a["serialized_runtime_env"]]
+        assert leaked == [] and printed == [] and in_env == [], (secret[:3], leaked, printed,
+                                                                  in_env)
     assert "--no-api-key" not in res.stdout + res.stderr
 
     opened = run_joined(shared_ray, ["run", str(sweep), "--add-trials", "1", "--no-api-key"],

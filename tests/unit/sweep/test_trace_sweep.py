@@ -15,6 +15,7 @@ from framework.config.specs import SweepSpec
 from framework.config.specs import load_sweep
 from framework.config.trace_spec import TimedTraceSpec
 from framework.load.loadgen import RequestRecord
+from framework.load.trace import mean_rate
 from framework.load.trace import read_trace
 from framework.load.trace import send_offsets
 from framework.results.rows import request_rows
@@ -80,6 +81,24 @@ def test_load_plan_replays_the_trace_at_its_speed_up() -> None:
     assert plan.warmup[0].prompt_len == plan.measured[0].prompt_len
 
 
+def test_capacity_on_a_trace_steps_its_speed_up_over_its_mean_rate() -> None:
+    """Capacity mode on a timed trace (#34 item 2): each step's requests are the trace's rows
+    (fresh tokens per step), and the plan carries the trace's offsets at speed-up 1 and its
+    mean rate over the whole file, as target.from_trace reads it."""
+    s = spec(trace_workload(num_prompts=40), capacity={"max_steps": 3},
+             sla={"p99_ttft_ms": 500})
+    plan = trial_load.load_plan(s)
+    cap = plan.capacity
+    assert cap is not None
+    all_rows = read_trace(TRACE, TimedTraceSpec(**MS))
+    assert cap.trace_rate == pytest.approx(mean_rate(all_rows))
+    assert list(cap.trace_offsets) == send_offsets(read_trace(TRACE, TimedTraceSpec(**MS), 40))
+    assert len(cap.step_requests) == 3
+    lengths = [r.prompt_len for r in plan.measured]
+    assert all([r.prompt_len for r in step] == lengths for step in cap.step_requests)
+    assert cap.step_requests[0][0].token_ids != cap.step_requests[1][0].token_ids
+
+
 def test_more_prompts_than_rows_sends_the_whole_trace() -> None:
     plan = trial_load.load_plan(spec(trace_workload(num_prompts=1000, warmup_requests=0)))
     assert len(plan.measured) == len(plan.arrivals) == 150
@@ -106,13 +125,17 @@ def write_sweep(tmp: Path, workload: dict[str, Any], space: dict[str, Any],
 
 SPEED = {"speed-up": {"type": "categorical", "choices": [1, 2], "default": 1, "kind": "run"}}
 RATE = {"request-rate": {"type": "categorical", "choices": [1, 2], "default": 1, "kind": "run"}}
+SEQS = {"max-num-seqs": {"type": "categorical", "choices": [4, 8], "default": 8}}
 
 
 @pytest.mark.parametrize(("workload", "space", "extra", "key", "found"), [
     ({"dataset": "random"}, SPEED, {}, "parameters.speed-up", "timed_trace only"),
     (trace_workload(), RATE, {}, "parameters.request-rate", "workload.dataset is timed_trace"),
-    (trace_workload(), SPEED, {"capacity": {}, "sla": {"p99_ttft_ms": 100}}, "capacity",
-     "a timed trace times its requests"),
+    # capacity mode searches the speed-up itself (issue #34 item 2), as it does the rate
+    (trace_workload(), SPEED, {"capacity": {}, "sla": {"p99_ttft_ms": 100}},
+     "parameters.speed-up", "capacity mode searches the speed up itself"),
+    (trace_workload(speed_up=2), SEQS, {"capacity": {}, "sla": {"p99_ttft_ms": 100}},
+     "workload.speed_up", "capacity mode searches the trace's speed-up itself"),
 ])
 def test_settings_a_trace_refuses(tmp_path: Path, workload: dict[str, Any],
                                   space: dict[str, Any], extra: dict[str, Any], key: str,

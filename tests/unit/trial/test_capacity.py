@@ -10,6 +10,7 @@ from framework.trial.capacity import CapacitySettings
 from framework.trial.capacity import capacity
 from framework.trial.capacity import next_rate
 from framework.trial.capacity import requests_for
+from framework.trial.capacity import trace_arrivals
 
 
 def search(threshold: float, s: CapacitySettings) -> list[tuple[float, bool]]:
@@ -62,3 +63,15 @@ def test_max_steps_bounds_the_search_and_noise_is_tolerated():
 def test_requests_per_step(rate, expected):
     assert requests_for(rate, CapacitySettings(step_duration_s=15.0, min_requests=20,
                                                max_requests=200)) == expected
+
+
+# A trace of mean rate R = 2 req/s at speed-up 1 (offsets 0, 0.5, 1.5, 2.0 s: its first four).
+@pytest.mark.parametrize(("rate", "n", "expected"), [
+    (2.0, 4, [0.0, 0.5, 1.5, 2.0]),     # at its own rate: speed-up 1, its own times
+    (4.0, 4, [0.0, 0.25, 0.75, 1.0]),   # twice its rate: speed-up 2, every gap halved
+    (1.0, 3, [0.0, 1.0, 3.0]),          # half its rate, the first 3 requests
+])
+def test_a_step_on_a_trace_replays_its_times_at_rate_over_its_mean_rate(rate, n, expected):
+    """The trace's shape is kept (bursts stay bursts), only its pace changes: the step at
+    `rate` is the trace at speed-up rate / R."""
+    assert trace_arrivals([0.0, 0.5, 1.5, 2.0], 2.0, rate, n) == pytest.approx(expected)
