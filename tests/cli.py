@@ -136,6 +136,19 @@ def _as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def kill_driver(proc: subprocess.Popen) -> None:
+    """kill -9 of the driver alone (not its group): what it started is orphaned."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def end_driver(proc: subprocess.Popen) -> None:
+    """SIGKILL to a driver's process group if it still runs (a test's cleanup)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 def start_driver(sweep: Path, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     """`vllm-sweep run SWEEP` as a child in its own session (stdout and stderr on one text
     pipe), to be killed by its process group; SIGINT acts as Ctrl-C in a terminal."""

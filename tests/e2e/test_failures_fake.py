@@ -25,7 +25,9 @@ import yaml
 from tests.cli import cli_env
 from tests.cli import cli_in_process
 from tests.cli import cli_process
+from tests.cli import end_driver
 from tests.cli import joined_cli_env
+from tests.cli import kill_driver
 from tests.cli import read_until
 from tests.cli import run_joined
 from tests.cli import start_driver
@@ -242,12 +244,6 @@ def give_passes(folder: Path, count: int) -> None:
         (folder / os.urandom(8).hex()).touch()
 
 
-def end(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
 @pytest.mark.timeout(300)
 def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
     """Guards: after kill -9 of the driver (a child on a private Ray: its run folder holds that
@@ -274,10 +270,9 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
         if "so far" not in seen:
             seen += read_until(proc, "so far", timeout_s=120)
         assert "so far" in seen and wait_for_file(first_row, proc, timeout_s=60), seen
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        kill_driver(proc)
     finally:
-        end(proc)
+        end_driver(proc)
     assert list(read_trials(short_tmp / "results", "requeue")["trial_number"]) == [0]
     # the killed run's folder (its server's log and socket, the private Ray's session) is left
     killed = {name.split("/")[0] for name in vsweep_leftovers(short_tmp)}
@@ -323,7 +318,7 @@ def test_a_second_driver_of_a_running_sweep_exits_3(shared_ray, tiny_model, shor
         assert "Traceback" not in second.stdout + second.stderr
         assert first.poll() is None, "the first driver must go on"
     finally:
-        end(first)
+        end_driver(first)
     assert wait_no_trial_processes(shared_ray.marker) == []
 
 

@@ -10,14 +10,13 @@ on the session's shared Ray (docs/TESTS_MOVED.md)."""
 
 from __future__ import annotations
 
-import os
-import signal
-
 import duckdb
 import pytest
 
 from tests.cli import cli_env
 from tests.cli import cli_in_process
+from tests.cli import end_driver
+from tests.cli import kill_driver
 from tests.cli import read_until
 from tests.cli import start_driver
 from tests.procs import engine_cores
@@ -52,12 +51,9 @@ def test_kill_9_of_the_driver_then_resume(tiny_model, short_tmp):
         # (a warm start is ~5 s, so a fixed sleep can outlast the whole trial); any EngineCore
         # but trial 0's is trial 1's, even one forked before this line was read
         assert new_engine_core(marker, trial_0, timeout_s=120), seen
-        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its Ray and vLLM are orphaned
-        proc.wait(timeout=30)
+        kill_driver(proc)  # the driver alone: its Ray and vLLM are orphaned
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        end_driver(proc)
     after_kill = read_trials(short_tmp / "results", "resume")
     assert list(after_kill["trial_number"]) == [0]
 

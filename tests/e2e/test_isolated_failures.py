@@ -16,9 +16,7 @@ system would be)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +28,9 @@ import yaml
 
 from framework.trial import measure
 from tests.cli import cli_joined
+from tests.cli import end_driver
 from tests.cli import joined_cli_env
+from tests.cli import kill_driver
 from tests.cli import read_until
 from tests.cli import start_driver
 from tests.isolated_nodes import IsolatedCluster
@@ -133,12 +133,9 @@ def test_kill_9_of_the_driver_on_two_nodes_then_a_new_run_leaves_nothing_of_it(
         # the premise: the run has a server and a run folder on each node
         assert all(before.values()), before
         assert all(folders.values()), folders
-        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: Ray and the nodes are left
-        proc.wait(timeout=30)
+        kill_driver(proc)  # the driver alone: Ray and the nodes are left
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        end_driver(proc)
     hold.unlink()
 
     # one trial more than the study holds once the killed run's two are closed (counted before
