@@ -49,9 +49,8 @@ def check_workloads(workloads: Sequence[_Named]) -> str | None:
 
 def combination_problem(capacity: Any, screen: float | None, repeats: int,
                         precision: float | None) -> str | None:
-    """Why `workloads:` cannot go with these settings (None: it can)."""
-    if capacity is not None:
-        return "several workloads do not combine with capacity: yet (one capacity each)"
+    """Why `workloads:` cannot go with these settings (None: it can). With capacity:, each
+    workload finds its own capacity and the trial's combines them (trial.workloads)."""
     if screen is not None:
         return "several workloads do not combine with search.screen yet"
     if repeats > 1 or precision is not None:

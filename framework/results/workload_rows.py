@@ -19,13 +19,15 @@ from framework.trial.saturation import saturation_values
 def workload_columns(percentiles: Sequence[float], classes: Sequence[str] = ()
                      ) -> list[tuple[str, str]]:
     """The workloads table's schema: trial and workload, the workload's verdict, its metrics
-    (and its mix classes'), the over-saturation evidence of its run."""
+    (and its mix classes'; in capacity mode its own capacity), the over-saturation evidence of
+    its run."""
     columns = [("trial_number", "int"), ("workload", "str"), ("weight", "float"),
                ("feasible", "bool"), ("sla_violations", "str"), ("objective", "float"),
                ("error_rate", "float")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
     columns += [("request_goodput", "float"), ("output_throughput_per_gpu", "float"),
-                ("request_goodput_per_gpu", "float")]
+                ("request_goodput_per_gpu", "float"), ("capacity_rps", "float"),
+                ("capacity_steps", "int"), ("capacity_speed_up", "float")]
     columns += class_columns(classes, percentiles)
     columns += [*SATURATION_COLUMNS, ("stopped_early", "str")]
     return columns

@@ -21,6 +21,7 @@ from framework.config.search_space import SearchSpace
 from framework.config.search_space import grid_values
 from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
+from framework.config.specs import WorkloadSpec
 from framework.config.specs import load_sweep
 from framework.engine.feasibility import GPUS
 from framework.engine.feasibility import Feasibility
@@ -70,6 +71,13 @@ class Sweep:
                              tp=tp, pp=pp, file_prices=self.file_prices)
 
 
+def _named_workloads(spec: SweepSpec) -> list[tuple[str, WorkloadSpec]]:
+    """(key in the sweep file, workload) of each of its workloads."""
+    if spec.workloads:
+        return [(f"workloads.{w.name}", w) for w in spec.workloads]
+    return [("workload", spec.workload)]
+
+
 def load(path: Path, check_flags: bool = True) -> Sweep:
     """Load and cross-check a sweep and its search space (ConfigError on any problem): files,
     model facts (TP divides the heads), and, with `check_flags` (run, validate, doctor:
@@ -107,9 +115,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
             raise ConfigError(str(spec.search_space), f"parameters.{name}", "kind: run",
                               f"capacity mode searches the {name.replace('-', ' ')} itself; "
                               "drop this parameter")
-    if spec.capacity is not None and spec.workload.speed_up != 1.0:
-        raise ConfigError(str(path), "workload.speed_up", spec.workload.speed_up,
-                          "capacity mode searches the trace's speed-up itself; drop this key")
+    for key, w in _named_workloads(spec):
+        if spec.capacity is not None and w.speed_up != 1.0:
+            raise ConfigError(str(path), f"{key}.speed_up", w.speed_up,
+                              "capacity mode searches the trace's speed-up itself; drop this key")
     if spec.search.sampler == "grid":
         try:
             grid_values(space)

@@ -227,7 +227,8 @@ def _measure(server: ServerHandle, plan: LoadPlan, deadline: Deadline, phase: Ph
         try:
             if plan.workloads:
                 workloads = measure_workloads(server.base_url, plan, deadline, phase,
-                                              measurement, lambda: reset_prefix_cache(server))
+                                              measurement, lambda: reset_prefix_cache(server),
+                                              lambda: _check_still_serving(server))
                 metrics = aggregate_metrics(workloads, plan.aggregate)
                 runs = [metrics]
             elif plan.capacity is None:

@@ -6,8 +6,9 @@ How a trial's metrics combine its workloads' (`aggregate_metrics`), per key (a c
 key like its metric): counts (completed, failed, tokens) and duration add up; peaks
 (max_concurrent_requests, max_output_tokens_per_s) take the largest; latencies and every other
 lower-is-better metric take the worst (largest) value, the one the SLA is judged on since it
-must hold on each workload; throughputs follow `objective.aggregate`: `min` = the worst
-(smallest) workload's value, `mean` = the mean weighted by the workloads' `weight`.
+must hold on each workload; throughputs (and in capacity mode each workload's capacity) follow
+`objective.aggregate`: `min` = the worst (smallest) workload's value, `mean` = the mean
+weighted by the workloads' `weight`.
 
 The verdict (`evaluate_workloads`): each workload's own (objective.evaluate); the trial is
 feasible iff every workload is, each constraint is its largest over the workloads, and each
@@ -31,6 +32,7 @@ from framework.trial.deadline import Deadline
 from framework.trial.measure import LoadPlan
 from framework.trial.measure import Measurement
 from framework.trial.measure import Phase
+from framework.trial.measure import measure_capacity
 from framework.trial.measure import measure_fixed
 from framework.trial.measure import run_once
 from framework.trial.objective import Verdict
@@ -40,7 +42,7 @@ from framework.trial.stats import combine
 
 ADDED = (*COUNT_METRICS, "duration")
 PEAKS = ("max_concurrent_requests", "max_output_tokens_per_s")
-HIGHER_IS_BETTER = (*THROUGHPUT_METRICS, "capacity_steps")
+HIGHER_IS_BETTER = (*THROUGHPUT_METRICS, "capacity_rps", "capacity_speed_up", "capacity_steps")
 
 
 @dataclass(frozen=True)
@@ -124,10 +126,12 @@ def judge_workloads(results: Sequence[WorkloadResult], devices: int, sla: Mappin
 
 
 def measure_workloads(base_url: str, plan: LoadPlan, deadline: Deadline, phase: Phase,
-                      m: Measurement, reset: Callable[[], None]) -> list[WorkloadResult]:
+                      m: Measurement, reset: Callable[[], None],
+                      still_serving: Callable[[], None]) -> list[WorkloadResult]:
     """Each of `plan.workloads` in turn on the server at `base_url`: prefix cache `reset` (from
     the second on), its warm-up, its measured run (measure.measure_fixed, SLA-guarded and
-    watched like any); its steps tagged with its name."""
+    watched like any) or in capacity mode its own capacity (measure.measure_capacity); its
+    steps tagged with its name."""
     results = []
     for index, part in enumerate(plan.workloads):
         def said(text: str, name: str = part.name) -> None:
@@ -142,9 +146,12 @@ def measure_workloads(base_url: str, plan: LoadPlan, deadline: Deadline, phase: 
                 said(f"warming up ({len(load.warmup)} requests)")
                 run_once(base_url, load, load.warmup, None, lambda _: None, deadline,
                          f"warming up for workload {part.name}")
-            runs = measure_fixed(base_url, load, deadline, said, m)
+            if load.capacity is None:
+                metrics = combine(measure_fixed(base_url, load, deadline, said, m),
+                                  COUNT_METRICS, PEAKS)
+            else:
+                metrics = measure_capacity(base_url, load, deadline, said, m, still_serving)
         finally:
             m.steps[first:] = [replace(s, workload=part.name) for s in m.steps[first:]]
-        results.append(WorkloadResult(part.name, part.weight,
-                                      combine(runs, COUNT_METRICS, PEAKS)))
+        results.append(WorkloadResult(part.name, part.weight, metrics))
     return results

@@ -256,6 +256,37 @@ def test_capacity_sweep_rows_are_the_fleet_of_their_capacity(tmp_path):
 
 
 @pytest.mark.timeout(180)
+def test_each_workload_finds_its_capacity_and_the_trial_takes_the_smallest(tmp_path):
+    """Capacity mode with several workloads (#34 item 2): each workload's own rate steps on the
+    trial's server, its capacity in the workloads table, the trial's the smallest (aggregate
+    min), the fleet sized on it. A 200-token answer takes at least 200 ms at FakeEngine's 1 ms
+    a token, so `long` holds a 100 ms end-to-end SLA at no rate: its capacity is 0 whatever
+    the machine's speed, and so is the trial's (a maximum would be `short`'s)."""
+    path = capacity_sweep(tmp_path, "mixed", {"p99_e2el_ms": 100}, "capacity_rps")
+    data = yaml.safe_load(path.read_text())
+    base = data.pop("workload")
+    data["workloads"] = [{**base, "name": "short", "output_len": 2},
+                         {**base, "name": "long", "output_len": 200}]
+    path.write_text(yaml.safe_dump(data))
+    sw = load(path)
+    runner = Runner(sw, FakeLauncher(gpus=1), Console(file=io.StringIO(), width=400))
+    runner.run(1)
+    trial = runner.store.read_trials().iloc[0]
+    each = pd.read_parquet(runner.store.sweep_dir / "workloads").set_index("workload")
+    assert each.loc["long", "capacity_rps"] == 0
+    assert trial["capacity_rps"] == min(each["capacity_rps"])
+    steps = pd.read_parquet(runner.store.sweep_dir / "requests")
+    first = 0  # the trial's steps in order: short's, then long's
+    for name in ("short", "long"):
+        mine = steps[steps["workload"] == name].groupby("step")["rate"].first()
+        count = int(each.loc[name, "capacity_steps"])
+        assert list(mine.index) == list(range(first, first + count)), (name, list(mine.index))
+        assert mine.iloc[0] == data["capacity"]["start_rate"]
+        first += count
+    assert trial["replicas_for_target"] is None or pd.isna(trial["replicas_for_target"])
+
+
+@pytest.mark.timeout(180)
 def test_no_capacity_is_an_infeasible_trial_not_zero_gpus(tmp_path):
     sw = load(capacity_sweep(tmp_path, "none", {"p99_ttft_ms": 0.001}, "gpus_for_target"))
     runner = Runner(sw, FakeLauncher(gpus=1), Console(file=io.StringIO()))

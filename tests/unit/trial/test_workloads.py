@@ -59,7 +59,6 @@ def test_workloads_load_and_the_first_stands_for_workload(tmp_path):
 
 
 @pytest.mark.parametrize(("top", "second", "key", "says"), [
-    ({"capacity": {"start_rate": 1}}, None, "workloads", "capacity"),
     ({"search": {"repeats": 2}}, None, "workloads", "search.repeats"),
     ({"search": {"precision": 0.1}}, None, "workloads", "search.precision"),
     ({"search": {"screen": 0.2}}, None, "workloads", "search.screen"),
@@ -73,6 +72,17 @@ def test_bad_workloads_are_one_line_errors(tmp_path, top, second, key, says):
     with pytest.raises(ConfigError) as err:
         load_sweep(_sweep(tmp_path, top, second))
     assert err.value.key == key and says in err.value.reason, str(err.value)
+
+
+def test_capacity_mode_gives_each_workload_its_own_capacity_plan(tmp_path):
+    """#34 item 2: capacity: with workloads: loads, and every workload's plan has its steps
+    (refused before: "several workloads do not combine with capacity: yet")."""
+    spec = load_sweep(_sweep(tmp_path, {"capacity": {"start_rate": 1, "max_steps": 2},
+                                        "sla": {"p99_ttft_ms": 500},
+                                        "objective": {"metric": "capacity_rps"}}))
+    plan = load_plan(spec)
+    assert [p.load.capacity is not None for p in plan.workloads] == [True, True]
+    assert all(len(p.load.capacity.step_requests) == 2 for p in plan.workloads)
 
 
 def test_load_plan_has_one_plan_per_workload(tmp_path):
