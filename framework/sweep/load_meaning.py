@@ -49,6 +49,13 @@ def fixed_load(w: WorkloadSpec) -> str | None:
     return None
 
 
+def named_workloads(spec: SweepSpec) -> list[tuple[str, WorkloadSpec]]:
+    """(key in the sweep file, workload) of each of the sweep's workloads."""
+    if spec.workloads:
+        return [(f"workloads.{w.name}", w) for w in spec.workloads]
+    return [("workload", spec.workload)]
+
+
 def load_bound_problem(path: Path, spec: SweepSpec,
                        space: SearchSpace) -> tuple[str, str, object, str] | None:
     """(file, key, value, why) of the first way the sweep's objective would rank loads (module
@@ -70,9 +77,7 @@ def load_bound_problem(path: Path, spec: SweepSpec,
     if not following:
         return None
     key, metric = following[0]
-    named: list[tuple[str, WorkloadSpec]] = (
-        [(f"workloads.{w.name}", w) for w in spec.workloads] or [("workload", spec.workload)])
-    for where, w in named:
+    for where, w in named_workloads(spec):
         if why := fixed_load(w):
             return (str(path), key, metric,
                     f"{where} {why}: every configuration that keeps up carries exactly that, "

@@ -21,7 +21,6 @@ from framework.config.search_space import SearchSpace
 from framework.config.search_space import grid_values
 from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
-from framework.config.specs import WorkloadSpec
 from framework.config.specs import load_sweep
 from framework.engine.feasibility import GPUS
 from framework.engine.feasibility import Feasibility
@@ -40,6 +39,7 @@ from framework.sweep.fleet_inputs import file_prices
 from framework.sweep.fleet_inputs import target_of
 from framework.sweep.job_dir import check_job_paths
 from framework.sweep.load_meaning import check_load_bound
+from framework.sweep.load_meaning import named_workloads
 from framework.sweep.value_checks import check_flag_values
 from framework.sweep.value_checks import check_run_settings
 
@@ -71,11 +71,18 @@ class Sweep:
                              tp=tp, pp=pp, file_prices=self.file_prices)
 
 
-def _named_workloads(spec: SweepSpec) -> list[tuple[str, WorkloadSpec]]:
-    """(key in the sweep file, workload) of each of its workloads."""
-    if spec.workloads:
-        return [(f"workloads.{w.name}", w) for w in spec.workloads]
-    return [("workload", spec.workload)]
+def check_capacity_load(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
+    """Capacity mode sets the pace itself: a searched request rate or speed-up, or a fixed
+    speed_up on any workload, is a ConfigError."""
+    for name in ("request-rate", "speed-up"):
+        if name in space.run_params:
+            raise ConfigError(str(spec.search_space), f"parameters.{name}", "kind: run",
+                              f"capacity mode searches the {name.replace('-', ' ')} itself; "
+                              "drop this parameter")
+    for key, w in named_workloads(spec):
+        if w.speed_up != 1.0:
+            raise ConfigError(str(path), f"{key}.speed_up", w.speed_up,
+                              "capacity mode searches the trace's speed-up itself; drop this key")
 
 
 def load(path: Path, check_flags: bool = True) -> Sweep:
@@ -110,15 +117,8 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         if not os.environ.get(name):
             raise ConfigError(str(path), "server.secret_env", name,
                               f"environment variable {name} is not set (servers get its value)")
-    for name in ("request-rate", "speed-up"):
-        if spec.capacity is not None and name in space.run_params:
-            raise ConfigError(str(spec.search_space), f"parameters.{name}", "kind: run",
-                              f"capacity mode searches the {name.replace('-', ' ')} itself; "
-                              "drop this parameter")
-    for key, w in _named_workloads(spec):
-        if spec.capacity is not None and w.speed_up != 1.0:
-            raise ConfigError(str(path), f"{key}.speed_up", w.speed_up,
-                              "capacity mode searches the trace's speed-up itself; drop this key")
+    if spec.capacity is not None:
+        check_capacity_load(path, spec, space)
     if spec.search.sampler == "grid":
         try:
             grid_values(space)
