@@ -72,6 +72,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from framework.cluster import RayLauncher
     from framework.cluster import RaySession
+    from framework.cluster.autoscaling import AutoscalingConfigError
+    from framework.cluster.autoscaling import find_scale_up
     from framework.cluster.driver_session import DriverSession
     from framework.sweep import loader as sweep_mod
     from framework.sweep.runner import Runner
@@ -98,8 +100,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         sw, secret_env = _run_key(sw, session.is_local, host, args.no_api_key,
                                   lambda line: console.print(line, style="yellow",
                                                              highlight=False, soft_wrap=True))
+        try:
+            scale_up = find_scale_up(spec.cluster.autoscaling_config, joined=not session.is_local)
+        except AutoscalingConfigError as exc:  # the head's bootstrap copy: the loader checked ours
+            scale_up = None
+            console.print(f"{exc} (ignored: trials must fit the nodes alive)", style="yellow",
+                          highlight=False, soft_wrap=True)
+        if scale_up is not None:
+            console.print(scale_up.describe(), highlight=False, soft_wrap=True)
         launcher = RayLauncher(env=sweep_mod.server_env(spec, session.is_local), host=host,
-                               engine=spec.engine,
+                               engine=spec.engine, scale_up=scale_up,
                                secret_env=secret_env or None,
                                read_ahead=sweep_mod.read_ahead_dir(spec),
                                fork_start=(spec.engine == "gpu" and

@@ -71,9 +71,10 @@ class IsolatedNode:
     proc: subprocess.Popen = field(repr=False)
     first_pid: int  # the namespace's first process (its PID 1), as this namespace numbers it
     pid_ns: str  # /proc/<pid>/ns/pid of its processes, e.g. "pid:[4026532301]"
+    marker: str  # the test marker every process of the node carries
 
     def processes(self) -> list[psutil.Process]:
-        return namespace_processes(self.pid_ns)
+        return namespace_processes(self.pid_ns, self.marker)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
@@ -131,14 +132,17 @@ def namespace_argv(parent: Path, folder: Path, command: list[str]) -> list[str]:
             "--propagation", "private", "--kill-child", "sh", "-c", " && ".join(steps) + "; exit $?"]
 
 
-def namespace_processes(pid_ns: str) -> list[psutil.Process]:
+def namespace_processes(pid_ns: str, marker: str) -> list[psutil.Process]:
     """The live (not zombie) processes of the PID namespace `pid_ns` (as /proc/<pid>/ns/pid
-    reads), seen from this one."""
+    reads), seen from this one, that carry `marker`. The marker matters once the namespace has
+    ended: the kernel may give its number to a namespace made later, another test's node (a
+    concurrent test's node was once taken for this one's leftovers)."""
     found = []
     for proc in psutil.process_iter():
         try:
             if os.readlink(f"/proc/{proc.pid}/ns/pid") == pid_ns and \
-                    proc.status() != psutil.STATUS_ZOMBIE:
+                    proc.status() != psutil.STATUS_ZOMBIE and \
+                    proc.environ().get(MARKER_VAR) == marker:
                 found.append(proc)
         except (OSError, psutil.Error):
             continue
@@ -228,7 +232,7 @@ def isolated_node(address: str, parent: Path, ip: str, marker: str, num_cpus: in
                                 start_new_session=True)
     node = None
     try:
-        node = IsolatedNode(ip, folder, log_path, proc, *_first_process(proc, timeout_s))
+        node = IsolatedNode(ip, folder, log_path, proc, *_first_process(proc, timeout_s), marker)
         wait_for_node(address, node, timeout_s)
         yield node
     finally:

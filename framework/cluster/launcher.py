@@ -31,6 +31,10 @@ from framework.cluster.actors import CACHE_DIR_VAR
 from framework.cluster.actors import INDUCTOR_CACHE_VAR
 from framework.cluster.actors import OCCUPANCY_LOG_ENV
 from framework.cluster.actors import ServerActor
+from framework.cluster.autoscaling import ScaleUp
+from framework.cluster.autoscaling import autoscaler_status
+from framework.cluster.autoscaling import possible_nodes
+from framework.cluster.autoscaling import running_counts
 from framework.cluster.driver_session import SESSION_VAR
 from framework.cluster.page_cache import start_read_ahead
 from framework.cluster.placement import Bundle
@@ -93,14 +97,16 @@ class RayLauncher:
                  placement_timeout_s: float = 3600.0,
                  secret_env: Mapping[str, str] | None = None,
                  read_ahead: str | None = None, fork_start: bool = False,
-                 warm_start: bool = False) -> None:
+                 warm_start: bool = False, scale_up: ScaleUp | None = None) -> None:
         """`read_ahead`: a model directory each server's node reads into its page cache while
         the server starts (the `page_cache` start-up lever, framework.cluster.page_cache).
         `fork_start`: the `fork_start` lever (framework.engine.serve_process).
         `warm_start`: the `warm_start` lever: a warm zygote per node forks each server's
-        processes (framework.engine.zygote, cluster/zygote_keeper.py)."""
+        processes (framework.engine.zygote, cluster/zygote_keeper.py).
+        `scale_up`: the node types the cluster's autoscaler may add (cluster.autoscaling), which
+        `placeable_nodes` counts."""
         self.env, self.host, self.engine = dict(env), host, engine
-        self.read_ahead, self.fork_start = read_ahead, fork_start
+        self.read_ahead, self.fork_start, self.scale_up = read_ahead, fork_start, scale_up
         self._secret_env = dict(secret_env or {})
         self.placement_timeout_s = placement_timeout_s
         # the run's id on every node (its run folders, engine.run_folder): the driver's session
@@ -116,6 +122,13 @@ class RayLauncher:
 
     def node_resources(self) -> list[dict[str, float]]:
         return node_resources()
+
+    def placeable_nodes(self) -> list[dict[str, float]]:
+        """The alive nodes and those the autoscaler may still add (cluster.autoscaling): what a
+        trial may wait for."""
+        if self.scale_up is None:
+            return node_resources()
+        return possible_nodes(node_resources(), self.scale_up, running_counts(autoscaler_status()))
 
     def free_devices(self) -> float:
         """GPUs no placement group holds right now, cluster-wide (0 on the CPU engine)."""

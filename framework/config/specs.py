@@ -239,9 +239,14 @@ class ClusterSpec(_Spec):
     kept across jobs (default: $VLLM_SWEEP_CACHE_DIR, else `.cache` of the working directory
     on a private local Ray and `~/.cache/vllm-sweep` on a joined cluster; `~` is expanded on
     each node).
+    `autoscaling_config`: a `ray up` cluster config (e.g. cluster.yaml) whose worker node types
+    the cluster's autoscaler may add: a trial whose shape fits only on such a node waits for it
+    instead of being refused as unplaceable (default on a joined cluster: Ray's record of the
+    node groups, else the head's ~/ray_bootstrap_config.yaml; framework/cluster/autoscaling.py).
     """
 
     address: str | None = None
+    autoscaling_config: Path | None = None
     cache_dir: str | None = None
     num_cpus: int | None = Field(default=None, gt=0)
     num_gpus: int | None = Field(default=None, ge=0)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
+from framework.cluster.autoscaling import AutoscalingConfigError
+from framework.cluster.autoscaling import read_config
 from framework.config.search_space import CategoricalParam
 from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
@@ -85,6 +87,16 @@ def check_capacity_load(path: Path, spec: SweepSpec, space: SearchSpace) -> None
                               "capacity mode searches the trace's speed-up itself; drop this key")
 
 
+def check_autoscaling_config(path: Path, config: Path) -> None:
+    """cluster.autoscaling_config names a readable `ray up` config with worker node types."""
+    if not config.is_file():
+        raise ConfigError(str(path), "cluster.autoscaling_config", str(config), "file not found")
+    try:
+        read_config(config)
+    except AutoscalingConfigError as exc:
+        raise ConfigError(str(path), "cluster.autoscaling_config", str(config), str(exc)) from None
+
+
 def load(path: Path, check_flags: bool = True) -> Sweep:
     """Load and cross-check a sweep and its search space (ConfigError on any problem): files,
     model facts (TP divides the heads), and, with `check_flags` (run, validate, doctor:
@@ -97,6 +109,8 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if not spec.search_space.is_file():
         raise ConfigError(str(path), "search_space", str(spec.search_space), "file not found")
     space = load_search_space(spec.search_space)
+    if spec.cluster.autoscaling_config is not None:
+        check_autoscaling_config(path, spec.cluster.autoscaling_config)
     if spec.gpu is not None and spec.gpu not in GPUS:
         raise ConfigError(str(path), "gpu", spec.gpu, f"unknown GPU; known: {', '.join(GPUS)}")
     if not (spec.model / "config.json").is_file():

@@ -83,6 +83,8 @@ from framework.trial.share_gate import ShareGate
 class ClusterLauncher(ServerLauncher, Protocol):
     def node_resources(self) -> list[dict[str, float]]: ...
 
+    def placeable_nodes(self) -> list[dict[str, float]]: ...
+
     def free_devices(self) -> float: ...
 
     def stop_all(self) -> None: ...
@@ -217,7 +219,7 @@ class Runner:
             p = plan.proposal
             loop.progress.trial_started(p.number, loop.done + len(loop.running), p.params,
                                         p.is_baseline, p.confirm_of)
-            rejected, feas = rejection(self.sweep, plan, self.launcher.node_resources())
+            rejected, feas = rejection(self.sweep, plan, self.launcher.placeable_nodes())
             if rejected is None:
                 self._launch(loop, plan, feas)
                 continue

@@ -119,6 +119,9 @@ class FakeLauncher:
     def node_resources(self) -> list[dict[str, float]]:
         return [{"CPU": 8.0, "GPU": float(self.gpus)}]
 
+    def placeable_nodes(self) -> list[dict[str, float]]:
+        return self.node_resources()
+
     def free_devices(self) -> float:
         with self._cond:
             return float(self.gpus - self.held)

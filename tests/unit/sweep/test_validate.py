@@ -171,3 +171,22 @@ def test_a_sweep_given_as_its_search_space(tmp_path, tiny_model):
     err = refused(second)
     assert (err.file, err.key, err.value) == (str(first), "(top level)", "model")
     assert "this is a sweep file" in err.reason
+
+
+def test_an_autoscaling_config_that_is_missing_or_has_no_node_types(tmp_path, tiny_model):
+    missing = tmp_path / "nowhere.yaml"
+    err = refused(write(tmp_path, tiny_model, {"cluster": {"autoscaling_config": str(missing)}}))
+    assert (err.key, err.value, err.reason) == ("cluster.autoscaling_config", str(missing),
+                                                "file not found")
+    empty = tmp_path / "c.yaml"
+    empty.write_text(yaml.safe_dump({"cluster_name": "x"}))
+    err = refused(write(tmp_path, tiny_model, {"cluster": {"autoscaling_config": str(empty)}}))
+    assert err.key == "cluster.autoscaling_config" and "available_node_types" in err.reason
+    assert "\n" not in str(err)
+
+
+def test_the_repository_cluster_yaml_is_an_autoscaling_config(tmp_path, tiny_model):
+    root = Path(__file__).resolve().parents[3]
+    sweep = loader.load(write(tmp_path, tiny_model,
+                              {"cluster": {"autoscaling_config": str(root / "cluster.yaml")}}))
+    assert sweep.spec.cluster.autoscaling_config == root / "cluster.yaml"
