@@ -215,11 +215,13 @@ def stop_node(node: IsolatedNode, timeout_s: float = 30.0) -> list[str]:
 @contextlib.contextmanager
 def isolated_node(address: str, parent: Path, ip: str, marker: str, num_cpus: int = 1,
                   num_gpus: int = 0, resources: Mapping[str, float] | None = None,
-                  timeout_s: float = 120.0) -> Iterator[IsolatedNode]:
+                  timeout_s: float = 120.0,
+                  base_env: Mapping[str, str] | None = None) -> Iterator[IsolatedNode]:
     """A worker node at loopback `ip` joined to the running head at `address` (GCS), in its own
     mount and PID namespace, its folder `parent`/n<last octet of ip> (see the module's
-    docstring); every process tagged with `marker`. Yields once the GCS lists it alive; on exit,
-    stops it (`stop_node`) and asserts none of its processes is left."""
+    docstring); every process tagged with `marker`; its environment `node_env` of `base_env`
+    (default: this process's). Yields once the GCS lists it alive; on exit, stops it
+    (`stop_node`) and asserts none of its processes is left."""
     folder = parent / f"n{ip.rsplit('.', 1)[1]}"
     folder.mkdir()  # an existing one: two nodes at one address
     log_path = parent / f"{folder.name}.out"
@@ -227,7 +229,8 @@ def isolated_node(address: str, parent: Path, ip: str, marker: str, num_cpus: in
     argv = namespace_argv(parent, folder, ray_worker_argv(
         address, ip, folder, num_cpus, num_gpus, resources or {}, agent_port))
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, env=node_env(os.environ, marker, folder), cwd=folder,
+        proc = subprocess.Popen(argv, env=node_env(os.environ if base_env is None else base_env,
+                                                   marker, folder), cwd=folder,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     node = None

@@ -17,8 +17,9 @@ runs on another node than its driver (a path, address or folder resolved on the 
 only, as the uploaded copy of issue 20 was, fails there; the trial row's node_ip says where it
 ran).
 
-The pytest process never joins the cluster: a node is up when its `ray start` says so
-(tests/ray_start.py), the job is submitted with the `ray job submit` CLI (with a timeout) or
+The worker is an isolated node (#32: it sees neither the head's files nor its processes, as
+another host would not). The pytest process never joins the cluster: the head is up when its
+`ray start` says so (tests/ray_start.py), the worker when the GCS lists it, the job is submitted with the `ray job submit` CLI (with a timeout) or
 `vllm-sweep submit` (in-process: Ray's job API over HTTP), and its status and logs are read over
 plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process group, never with the
 Ray CLI's stop command, which ends every Ray on the machine, not just this test's.
@@ -26,6 +27,7 @@ Ray CLI's stop command, which ends every Ray on the machine, not just this test'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,6 +48,7 @@ from tests.cli import cli_env
 from tests.cli import cli_in_process
 from tests.clusters import free_ports
 from tests.clusters import ray_head_argv
+from tests.isolated_nodes import isolated_node
 from tests.paths import ROOT
 from tests.procs import new_marker
 from tests.procs import wait_no_marked_processes
@@ -202,32 +205,36 @@ class JobCluster:
 
 @pytest.fixture(scope="module")
 def job_cluster():
-    """A head (2 CPUs, dashboard, no GPU) and a worker (1 CPU, 1 fake GPU) on loopback, started
-    with `ray start --block` in their own process groups and stopped by process group."""
+    """A head (2 CPUs, dashboard, no GPU) started with `ray start --block` in its own process
+    group and stopped by it, and a worker (1 CPU, 1 fake GPU) that is an isolated node
+    (tests/isolated_nodes.py, #32: its own mount and PID namespace), both on loopback. The
+    nodes' folders (their TMPDIR, HOME and Ray folders) lie in `tmp`/nodes, which the worker
+    sees only its own part of, as a host sees its own disk; the jobs' folders, the sweeps'
+    checkouts and results lie beside it in `tmp`, which every node sees, as a shared file
+    system (the README's /mnt/shared results)."""
     tmp = Path(tempfile.mkdtemp(prefix="vsj-"))  # short: Ray's unix socket paths
     marker = new_marker()
+    nodes_dir = tmp / "nodes"
+    head_dir = nodes_dir / "h"
+    head_dir.mkdir(parents=True)
     env = node_env(marker, tmp)
-    gcs_port, dash_port, agent_port, client_port, worker_agent_port = free_ports(5)
+    head_env = {**env, "TMPDIR": str(head_dir), "HOME": str(head_dir)}
+    gcs_port, dash_port, agent_port, client_port = free_ports(4)
     gcs = f"{HEAD_IP}:{gcs_port}"
     dashboard = f"http://127.0.0.1:{dash_port}"
-    (tmp / "h").mkdir()
-    (tmp / "w").mkdir()
     head_argv = ray_head_argv(RAY, HEAD_IP, [gcs_port, dash_port, agent_port, client_port],
-                              tmp / "h", 2)
-    worker_argv = [RAY, "start", "--block", "--address", gcs,
-                   "--node-ip-address", WORKER_IP, "--temp-dir", str(tmp / "w"),
-                   "--num-cpus", "1", "--num-gpus", "1",
-                   "--dashboard-agent-listen-port", str(worker_agent_port)]
+                              head_dir, 2)
     nodes: list[subprocess.Popen] = []
     t0 = time.monotonic()
     try:
-        nodes.append(start_node(head_argv, env, tmp / "head.out"))
-        wait_started(nodes[0], tmp / "head.out", timeout_s=180)
-        nodes.append(start_node(worker_argv, env, tmp / "worker.out"))
-        wait_started(nodes[1], tmp / "worker.out", timeout_s=180)
-        wait_for_dashboard(dashboard, nodes[0], timeout_s=120)
-        print(f"\ncluster up in {time.monotonic() - t0:.0f} s")
-        yield JobCluster(dashboard, env, marker, tmp)
+        with contextlib.ExitStack() as stack:
+            nodes.append(start_node(head_argv, head_env, tmp / "head.out"))
+            wait_started(nodes[0], tmp / "head.out", timeout_s=180)
+            stack.enter_context(isolated_node(gcs, nodes_dir, WORKER_IP, marker, num_cpus=1,
+                                              num_gpus=1, timeout_s=180, base_env=env))
+            wait_for_dashboard(dashboard, nodes[0], timeout_s=120)
+            print(f"\ncluster up in {time.monotonic() - t0:.0f} s")
+            yield JobCluster(dashboard, env, marker, tmp)
     finally:
         stop_nodes(nodes)
         left = wait_no_marked_processes(marker)
