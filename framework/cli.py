@@ -236,7 +236,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     early = [int(n) for n in trials[cut_short_mask(trials)]["trial_number"]]
     importances = param_importances(sw.store.journal_path, sw.spec.name, exclude=early)
     out = Path(args.out) if args.out else sw.store.sweep_dir / "report.html"
-    print(render_report(trials, sw.spec, importances, out, space=sw.space, sweep_file=args.sweep))
+    print(render_report(trials, sw.spec, importances, out, space=sw.space, sweep_file=args.sweep,
+                        workloads=sw.store.read_workloads()))
     return 0
 
 

@@ -43,9 +43,11 @@ from framework.results.report_plots import effects_plot
 from framework.results.report_plots import esc
 from framework.results.report_plots import flag_name
 from framework.results.report_plots import importances_plot
+from framework.results.report_plots import load_curve_plot
 from framework.results.report_plots import missing
 from framework.results.report_plots import pareto_plot
 from framework.results.report_plots import stopped_early_note
+from framework.results.report_plots import varying_load
 from framework.results.rows import param_column
 from framework.results.time_report import html_section as time_section
 from framework.results.verdict import decide
@@ -200,11 +202,13 @@ def _overview(trials: pd.DataFrame, spec: SweepSpec) -> str:
 
 
 def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[str, float] | None,
-                  out: Path, space: SearchSpace | None = None, sweep_file: str = "SWEEP.yaml") -> Path:
+                  out: Path, space: SearchSpace | None = None, sweep_file: str = "SWEEP.yaml",
+                  workloads: pd.DataFrame | None = None) -> Path:
     """Write the sweep's report to `out` (one HTML file, no external reference); returns `out`.
     `importances` should leave out the trials stopped early (the page says they are left
     out); `space`: the sweep's search space, whose `log: true` parameters get log axes;
-    `sweep_file`: the sweep's path, in the Decision section's export commands."""
+    `sweep_file`: the sweep's path, in the Decision section's export commands; `workloads`:
+    the workloads table, whose load curve (sweep.load_curve) gets its own section."""
     params = [c for c in trials.columns if c.startswith("param_")]
     log_params = {param_column(name) for name, p in (space.parameters.items() if space else ())
                   if getattr(p, "log", False)}
@@ -217,6 +221,9 @@ def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[st
         "<h2>Throughput vs latency</h2>",
         pareto_plot(trials, spec, params, "ttft"), pareto_plot(trials, spec, params, "tpot"),
         stopped_early_note(trials),
+        *(("<h2>Latency against load</h2>",
+            load_curve_plot(workloads, trials, spec, params))
+          if workloads is not None and varying_load(workloads) else ()),
         "<h2>Parameter importances</h2>", importances_plot(importances),
         "<h2>Effect of each parameter</h2>", effects_plot(trials, spec, params, log_params),
         "<h2>All trials</h2>", _table(trials, spec, params, best_number) if not trials.empty

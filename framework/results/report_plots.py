@@ -1,6 +1,7 @@
 """The report's plots (framework.results.html_report lays out the page): throughput against
-the SLA's latencies with the Pareto front, parameter importances, and the objective against
-each parameter. Each returns an HTML fragment, or a sentence when there is nothing to plot.
+the SLA's latencies with the Pareto front, parameter importances, the objective against
+each parameter, and each configuration's latency-vs-load curve (load_curve_plot). Each
+returns an HTML fragment, or a sentence when there is nothing to plot.
 
 What they show and leave out, by rule:
 - only COMPLETE trials measured in full: a trial whose load stopped early (queries.cut_short)
@@ -264,3 +265,45 @@ def effects_figure(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
     fig.update_yaxes(title_text=label(spec.objective.metric), col=1)
     fig.update_layout(title=f"{spec.objective.metric} by parameter", height=320 * rows + 80)
     return fig
+
+
+LOAD_AXES = {"request_rate": "request rate (req/s)", "max_concurrency": "max concurrency",
+             "burstiness": "burstiness", "speed_up": "trace speed-up (x)"}
+
+
+def varying_load(workloads: pd.DataFrame) -> str | None:
+    """The load column (workload_rows.LOAD_COLUMNS) whose value differs between a trial's
+    workloads, the x of a load curve (sweep.load_curve); None if none or several do."""
+    if workloads.empty:
+        return None
+    first = workloads[workloads["trial_number"] == workloads["trial_number"].iloc[0]]
+    varying = [c for c in LOAD_AXES if c in first and first[c].nunique(dropna=False) > 1]
+    return varying[0] if len(varying) == 1 else None
+
+
+def load_curve_plot(workloads: pd.DataFrame, trials: pd.DataFrame, spec: SweepSpec,
+                    params: Sequence[str]) -> str:
+    """The objective metric against the offered load, one line per complete trial (its
+    configuration's curve), markers hollow where that load broke the SLA; the SLA's bound on
+    the metric as a dashed line. A sentence when the workloads are not one load's values."""
+    x = varying_load(workloads)
+    metric = spec.objective.metric
+    if x is None or metric not in workloads:
+        return "<p>No load curve: the trials' workloads differ in no single load setting.</p>"
+    done = trials[(trials["state"] == "COMPLETE") & ~cut_short_mask(trials)]
+    fig = go.Figure()
+    for _, trial in done.iterrows():
+        points = workloads[workloads["trial_number"] == trial["trial_number"]].sort_values(x)
+        settings = ", ".join(f"{flag_name(p)}={fmt(trial[p])}" for p in params
+                             if not missing(trial[p]))
+        name = esc(f"trial {trial['trial_number']}" + (f": {settings}" if settings else ""))
+        fig.add_trace(go.Scatter(
+            x=points[x], y=points[metric], mode="lines+markers", name=name,
+            marker={"symbol": ["circle" if ok else "circle-open" for ok in points["feasible"]],
+                    "size": 9}))
+    if metric in spec.sla:
+        fig.add_hline(y=spec.sla[metric], line={"dash": "dash", "color": LIMIT},
+                      annotation_text=esc(f"SLA {metric} <= {spec.sla[metric]:g}"))
+    fig.update_layout(xaxis_title=LOAD_AXES[x], yaxis_title=esc(label(metric)),
+                      legend={"title": "configuration"})
+    return _plot(fig)

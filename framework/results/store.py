@@ -168,6 +168,17 @@ class ResultStore:
             return set()
         return {int(p.stem.split("-")[1]) for p in folder.glob("trial-*.parquet")}
 
+    def read_workloads(self) -> pd.DataFrame:
+        """All workload rows (`workloads:`, a load curve) ordered by trial number, then in the
+        order measured within a trial (empty if none)."""
+        import pandas as pd
+
+        files = sorted(self.workloads_path(0).parent.glob("trial-*.parquet"))
+        if not files:
+            return pd.DataFrame()
+        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+        return table.to_pandas().sort_values("trial_number", kind="stable").reset_index(drop=True)
+
     def read_trials(self) -> pd.DataFrame:
         """All trial rows as a pandas DataFrame ordered by trial number (empty if none)."""
         import pandas as pd

@@ -8,7 +8,9 @@ Two ways a sweep's objective measures the load it was sent rather than the flags
 - a load setting searched as a run parameter (`kind: run`: request-rate, max-concurrency,
   burstiness, speed-up): trials then ran different offered loads, and any objective compared
   across them (a throughput rises with the load, a latency falls without it) learns to send
-  more, or less, load. A 3x trace replay once "beat vLLM's defaults by +199%".
+  more, or less, load. A 3x trace replay once "beat vLLM's defaults by +199%". The loader
+  measures such a setting as a curve of every configuration instead (sweep.load_curve), so
+  only the first way is refused here.
 What to use instead: a latency percentile or goodput at the fixed traffic, a cost at a
 `target:`, or capacity (`capacity:`, which raises the load itself until the SLA breaks). Goodput
 counts the requests that met the SLA's per-request limits, so it tells configurations apart at
@@ -25,7 +27,6 @@ import math
 from pathlib import Path
 
 from framework.base.errors import ConfigError
-from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.config.workload_spec import WorkloadSpec
 
@@ -56,19 +57,13 @@ def named_workloads(spec: SweepSpec) -> list[tuple[str, WorkloadSpec]]:
     return [("workload", spec.workload)]
 
 
-def load_bound_problem(path: Path, spec: SweepSpec,
-                       space: SearchSpace) -> tuple[str, str, object, str] | None:
-    """(file, key, value, why) of the first way the sweep's objective would rank loads (module
+def load_bound_problem(path: Path, spec: SweepSpec) -> tuple[str, str, object, str] | None:
+    """(file, key, value, why) of a throughput objective on a fixed offered load (module
     docstring), or None. Capacity mode sets the rate itself, so a fixed rate is no objection
-    there; a searched load setting still is."""
+    there. A searched load setting reaches here as the workloads of its curve
+    (sweep.load_curve), each judged as a workload of its own."""
     if spec.objective.allow_load_bound:
         return None
-    if space.run_params:
-        name = space.run_params[0]
-        return (str(spec.search_space), f"parameters.{name}", "kind: run",
-                f"a searched load setting: trials would run different offered loads, and "
-                f"{spec.objective.metric} compared across them ranks the load, not the flags; "
-                f"fix it in the workload (one sweep per load) and {INSTEAD}")
     if spec.capacity is not None:
         return None
     keyed = [("objective.metric", spec.objective.metric),
@@ -85,7 +80,7 @@ def load_bound_problem(path: Path, spec: SweepSpec,
     return None
 
 
-def check_load_bound(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
+def check_load_bound(path: Path, spec: SweepSpec) -> None:
     """ConfigError (one line, exit 2) for `load_bound_problem`."""
-    if found := load_bound_problem(path, spec, space):
+    if found := load_bound_problem(path, spec):
         raise ConfigError(*found)

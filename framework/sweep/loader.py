@@ -40,6 +40,7 @@ from framework.sweep.fleet_inputs import check_prices
 from framework.sweep.fleet_inputs import file_prices
 from framework.sweep.fleet_inputs import target_of
 from framework.sweep.job_dir import check_job_paths
+from framework.sweep.load_curve import as_load_curve
 from framework.sweep.load_meaning import check_load_bound
 from framework.sweep.load_meaning import named_workloads
 from framework.sweep.value_checks import check_flag_values
@@ -147,11 +148,13 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
             check_flag_values(path, spec, space)
     if check_flags:
         check_run_settings(spec, space)
+    spec, space = as_load_curve(spec, space)  # a searched load setting: a curve per trial
+    if check_flags:
         check_cross(path, spec, space, vllm_rules=spec.engine != "fake")
     prices = file_prices(path, spec)
     check_prices(path, spec, prices)
     target = target_of(path, spec)
-    check_load_bound(path, spec, space)  # plan's too: pure, no vLLM needed (load_meaning)
+    check_load_bound(path, spec)  # plan's too: pure, no vLLM needed (load_meaning)
     return Sweep(path=path, spec=spec, space=space, facts=facts, target=target,
                  file_prices=prices, api_key=api_key(spec))
 

@@ -350,9 +350,9 @@ class Runner:
         self.tuner.remember(p, ev)  # a kill between the rows and the tell: told on resume
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         if self.spec.workloads:
-            self.store.write_workloads(p.number, workload_rows(p.number, outcome, j.each,
-                                                               self.workload_columns),
-                                       self.workload_columns)
+            self.store.write_workloads(p.number, workload_rows(
+                p.number, outcome, j.each, self.workload_columns,
+                {w.name: w for w in self.spec.workloads}), self.workload_columns)
         self.store.write_trial(row, self.columns)
         self.tuner.tell(p, ev)
         return row

@@ -164,15 +164,24 @@ def test_a_run_setting_must_suit_every_workload_not_only_the_first(tmp_path: Pat
         assert wrong in err.value.reason and "timed_trace only" in err.value.reason
 
 
-def test_speed_up_is_a_load_so_validation_objects_unless_allowed(tmp_path: Path) -> None:
-    """A searched speed-up ranks the replay's pace, not configurations (sweep.load_meaning):
-    refused naming the parameter, kept with objective.allow_load_bound."""
+def test_speed_up_is_a_load_measured_at_each_value_unless_kept_searched(tmp_path: Path) -> None:
+    """A searched speed-up is the replay's pace, not a configuration (#34 item 3,
+    sweep.load_curve): every trial replays the trace at each value, one workload per value.
+    A throughput of those fixed paces ranks nothing (sweep.load_meaning: refused naming the
+    objective); a latency is a curve per configuration; objective.allow_load_bound keeps the
+    speed-up searched as before."""
     with pytest.raises(ConfigError) as err:
         loader.load(write_sweep(tmp_path, trace_workload(), SPEED))
-    assert (err.value.key, err.value.value) == ("parameters.speed-up", "kind: run")
+    assert (err.value.key, err.value.value) == ("objective.metric", "output_throughput")
+    curve = loader.load(write_sweep(tmp_path, trace_workload(), SPEED,
+                                    objective={"metric": "p99_ttft_ms", "direction": "minimize"}))
+    assert curve.space.run_params == () and "speed-up" not in curve.space.parameters
+    assert [(w.name, w.speed_up) for w in curve.spec.workloads] == [("speed-up-1", 1.0),
+                                                                    ("speed-up-2", 2.0)]
+    assert all(w.dataset_path == curve.spec.workload.dataset_path for w in curve.spec.workloads)
     loaded = loader.load(write_sweep(tmp_path, trace_workload(), SPEED,
                                      objective={"allow_load_bound": True}))
-    assert loaded.space.run_params == ("speed-up",)
+    assert loaded.space.run_params == ("speed-up",) and loaded.spec.workloads == ()
 
 
 def test_a_bad_trace_row_fails_the_plan_naming_its_line(tmp_path: Path) -> None:

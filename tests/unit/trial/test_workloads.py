@@ -13,6 +13,7 @@ import yaml
 
 from framework.base.errors import ConfigError
 from framework.config.specs import load_sweep
+from framework.config.workload_spec import WorkloadSpec
 from framework.results.store import ResultStore
 from framework.results.workload_rows import workload_columns
 from framework.results.workload_rows import workload_rows
@@ -164,12 +165,17 @@ def test_workload_rows_are_written_and_read_back_with_duckdb(tmp_path):
                                  "min")
     columns = workload_columns([50, 99], ["chat"])
     store = ResultStore(tmp_path, "w")
-    store.write_workloads(7, workload_rows(7, outcome, each, columns), columns)
+    specs = {"short": WorkloadSpec(request_rate=8.0, max_concurrency=4),
+             "mixed": WorkloadSpec(burstiness=0.5)}
+    store.write_workloads(7, workload_rows(7, outcome, each, columns, specs), columns)
     rows = duckdb.sql(
         f"SELECT trial_number, workload, weight, feasible, objective, output_throughput, "
-        f"error_rate, saturated, saturation_slope, stopped_early, \"chat.p99_ttft_ms\", sweep "
+        f"error_rate, saturated, saturation_slope, stopped_early, \"chat.p99_ttft_ms\", sweep, "
+        f"request_rate, max_concurrency, burstiness, speed_up "
         f"FROM read_parquet('{tmp_path}/w/workloads/**/*.parquet', hive_partitioning=true) "
         "ORDER BY weight").fetchall()
+    assert rows[0][12:] == (8.0, 4, 1.0, 1.0)  # each workload's offered-load settings
+    assert rows[1][12:] == (None, None, 0.5, 1.0)  # unpaced, unbounded
     assert rows[0][:7] == (7, "short", 1.0, True, 100.0, 100.0, 0.0)
     assert rows[0][7] is None and rows[0][9] is None  # no watched run
     assert rows[1][:5] == (7, "mixed", 3.0, False, 60.0)
