@@ -372,9 +372,6 @@ class SweepSpec(_Spec):
             if not load_limits(self.sla):
                 raise ValueError("capacity: needs an sla on the load (latency keys or "
                                  "error_rate): the capacity is the highest rate at which it holds")
-            if any(w.dataset == "multi_turn" for w in (self.workload, *self.workloads)):
-                raise ValueError("capacity mode steps the request rate of single requests; it "
-                                 "does not apply to dataset multi_turn")
             if self.search.repeats > 1 or self.search.precision is not None:
                 raise ValueError("search.repeats and search.precision apply to fixed runs, not "
                                  "to capacity mode")

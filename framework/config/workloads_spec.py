@@ -3,9 +3,10 @@ together. Each trial measures them one after another on its server, prefix cache
 them; the SLA must hold on each, and `objective.aggregate` (min: the worst workload's value;
 mean: the weighted mean, weights `weight`) makes one objective of theirs.
 
-Combinations rejected at validate, for now: capacity mode (a capacity per workload would need
-its own aggregate), `search.screen`, `search.repeats` > 1 and `search.precision` (runs are
-repeated per workload, not per trial, and their intervals would not combine yet).
+Combinations rejected at validate, for now: `search.screen`, `search.repeats` > 1 and
+`search.precision` (runs are repeated per workload, not per trial, and their intervals would not
+combine yet). In capacity mode each workload finds its own capacity and the trial's combines them
+by the same aggregate (framework.trial.workloads).
 """
 
 from __future__ import annotations

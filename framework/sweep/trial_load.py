@@ -94,13 +94,13 @@ def load_plan(spec: SweepSpec, api_key: str | None = None) -> LoadPlan:
     capacity = None
     if spec.capacity is not None:
         c = spec.capacity
+        # multi_turn: the steps start sessions at the rate (sessions/s), `count` sessions a step
         settings = CapacitySettings(start_rate=c.start_rate, max_rate=c.max_rate,
                                     tolerance=c.tolerance, max_steps=c.max_steps,
                                     step_duration_s=c.step_duration_s,
-                                    min_requests=min(c.min_requests, w.num_prompts),
-                                    max_requests=w.num_prompts)
-        steps = [dataset.requests(tok, w.num_prompts, w.seed + 1000 + i)
-                 for i in range(c.max_steps)]
+                                    min_requests=min(c.min_requests, count),
+                                    max_requests=count)
+        steps = [draw(tok, count, w.seed + 1000 + i) for i in range(c.max_steps)]
         capacity = CapacityPlan(settings=settings, step_requests=steps,
                                 burstiness=w.burstiness, seed=w.seed,
                                 sla=load_limits(spec.sla), trace_offsets=trace,

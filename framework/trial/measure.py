@@ -365,7 +365,8 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
                      m: Measurement, still_serving: Callable[[], None]) -> dict[str, float]:
     """Rate steps until framework.trial.capacity says done; the metrics of the step that decides
     the capacity, with capacity_rps and capacity_steps (and, on a timed trace, capacity_speed_up:
-    capacity_rps / the trace's mean rate)."""
+    capacity_rps / the trace's mean rate). Of sessions (multi_turn) a step starts that many
+    sessions per second, each sending its turns; the SLA is judged on the turns' requests."""
     cap = plan.capacity
     assert cap is not None
     s = cap.settings
@@ -374,24 +375,27 @@ def measure_capacity(base_url: str, plan: LoadPlan, deadline: Deadline, phase: P
         index = len(measured)
         n = requests_for(rate, s)
         requests = list(cap.step_requests[index % len(cap.step_requests)])[:n]
-        doing = f"under load at {rate:.3g} req/s"
+        unit = "sessions/s" if is_sessions(requests) else "req/s"
+        doing = f"under load at {rate:.3g} {unit}"
         if cap.trace_offsets is not None and cap.trace_rate:
             arrivals = trace_arrivals(cap.trace_offsets, cap.trace_rate, rate, len(requests))
             doing += f" (the trace at {rate / cap.trace_rate:.3g}x)"
         else:
             arrivals = arrival_offsets(len(requests), rate, cap.burstiness, cap.seed + index)
-        phase(f"{doing} ({len(requests)} requests, step {index + 1})")
-        m.begin(rate, None, len(requests), cap.sla if plan.sla_guard else None, arrivals,
-                requests)
+        count = (f"{turn_count(requests)} requests in {len(requests)} sessions"
+                 if unit == "sessions/s" else f"{len(requests)} requests")
+        phase(f"{doing} ({count}, step {index + 1})")
+        m.begin(rate, None, turn_count(requests), cap.sla if plan.sla_guard else None,
+                _due(requests, arrivals), requests)
         step, result = _guarded_run(base_url, plan, requests, arrivals, m, deadline, doing)
         still_serving()
-        metrics = _metrics(plan, result)
+        metrics = _metrics(plan, result, requests)
         held = (step.stopped is None and metrics["completed"] > 0
                 and evaluate(metrics, cap.sla, "request_throughput").feasible)
         measured.append((rate, held, metrics))
         early = (f" (stopped after {len(step.records)} requests: {step.stopped})"
                  if step.stopped else "")
-        phase(f"  {rate:.3g} req/s: SLA {'holds' if held else 'broken'}{early}")
+        phase(f"  {rate:.3g} {unit}: SLA {'holds' if held else 'broken'}{early}")
     found = capacity([(r, ok) for r, ok, _ in measured])
     deciding = max((x for x in measured if x[1]), key=lambda x: x[0], default=None) \
         or min(measured, key=lambda x: x[0])

@@ -146,6 +146,34 @@ def test_capacity_mode_finds_a_higher_capacity_for_a_larger_batch(
 
 
 @pytest.mark.timeout(300)
+def test_capacity_over_multi_turn_steps_the_session_rate(shared_ray, tiny_model, short_tmp):
+    """#34 item 2: capacity mode on a multi-turn workload (refused before) steps the rate at
+    which sessions start: a step at r sessions/s starts round(r x 2 s) sessions (at least 3, at
+    most the 20 drawn), each sending its 3 turns; the request rows carry the step and the
+    session rate, and capacity_rps is in sessions/s. The SLA is loose enough never to break,
+    so the steps double from the start rate to the step cap: 1, 2, 4 sessions/s."""
+    out, _ = run_fake_sweep(
+        shared_ray, short_tmp, "capmt", {"max-num-seqs": {"type": "categorical", "choices": [4]}},
+        tiny_model,
+        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
+        workload={"dataset": "multi_turn", "warmup_requests": 0, "multi_turn": {
+            "num_sessions": 20, "turns": {"distribution": "constant", "value": 3},
+            "prompt_tokens": {"distribution": "constant", "value": 16},
+            "output_tokens": {"distribution": "constant", "value": 4}}},
+        sla={"p99_ttft_ms": 600000},
+        capacity={"start_rate": 1.0, "max_steps": 3, "step_duration_s": 2.0, "min_requests": 3},
+        search={**NO_REMEASURE, "sampler": "grid", "n_trials": 1, "baseline": False})
+    assert "sessions/s: SLA holds" in out and "requests in 3 sessions" in out, out[-3000:]
+    trial = read_trials(short_tmp / "results", "capmt").iloc[0]
+    assert trial["state"] == "COMPLETE" and trial["capacity_steps"] == 3
+    assert trial["capacity_rps"] == 4.0 == trial["objective"]
+    steps = duckdb.sql(
+        f"SELECT step, any_value(rate) AS rate, count(*) AS n FROM read_parquet("
+        f"'{short_tmp}/results/capmt/requests/**/*.parquet') GROUP BY ALL ORDER BY ALL").fetchall()
+    assert steps == [(0, 1.0, 3 * 3), (1, 2.0, 4 * 3), (2, 4.0, 8 * 3)]
+
+
+@pytest.mark.timeout(300)
 def test_a_run_whose_sla_surely_broke_stops_early_with_the_same_verdict(
         shared_ray, tiny_model, short_tmp):
     """max-num-seqs 1 queues 40 requests sent at once behind one slot (~0.35 s each): TTFT

@@ -153,13 +153,22 @@ def test_bad_multi_turn_workload_is_one_config_error(tmp_path, workload, key, re
     assert "\n" not in str(caught.value)
 
 
-def test_capacity_mode_refuses_multi_turn(tmp_path) -> None:
-    path = sweep_file(tmp_path, {"dataset": "multi_turn"})
+def test_capacity_mode_steps_the_session_rate(tmp_path) -> None:
+    """#34 item 2: capacity over multi-turn steps the rate sessions start at; each step's set
+    is num_sessions sessions of its own seed (a step sends at most that many)."""
+    from framework.sweep.trial_load import load_plan
+
+    path = sweep_file(tmp_path, {"dataset": "multi_turn", "multi_turn": {"num_sessions": 6}})
     body = yaml.safe_load(path.read_text())
-    body.update(sla={"p99_ttft_ms": 500}, capacity={"start_rate": 1.0})
+    body.update(sla={"p99_ttft_ms": 500}, capacity={"start_rate": 1.0, "max_steps": 3,
+                                                    "min_requests": 4})
     path.write_text(yaml.safe_dump(body))
-    with pytest.raises(ConfigError, match="does not apply to dataset multi_turn"):
-        load_sweep(path)
+    cap = load_plan(load_sweep(path)).capacity
+    assert cap is not None and len(cap.step_requests) == 3
+    assert all(len(step) == 6 and all(isinstance(s, Session) for s in step)
+               for step in cap.step_requests)
+    assert (cap.settings.min_requests, cap.settings.max_requests) == (4, 6)
+    assert cap.step_requests[0] != cap.step_requests[1]  # each step its own sessions
 
 
 def test_bad_multi_turn_sweep_exits_2_with_one_line(tmp_path) -> None:
