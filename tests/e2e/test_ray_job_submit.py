@@ -19,9 +19,10 @@ ran).
 
 The worker is an isolated node (#32: it sees neither the head's files nor its processes, as
 another host would not). The pytest process never joins the cluster: the head is up when its
-`ray start` says so (tests/ray_start.py), the worker when the GCS lists it, the job is submitted with the `ray job submit` CLI (with a timeout) or
-`vllm-sweep submit` (in-process: Ray's job API over HTTP), and its status and logs are read over
-plain HTTP from the dashboard's Jobs REST API. Nodes are stopped by process group, never with the
+`ray start` says so (tests/ray_start.py), the worker when the GCS lists it, the job is
+submitted with the `ray job submit` CLI (with a timeout) or `vllm-sweep submit` (in-process:
+Ray's job API over HTTP), and its status and logs are read over plain HTTP from the
+dashboard's Jobs REST API. Nodes are stopped by process group, never with the
 Ray CLI's stop command, which ends every Ray on the machine, not just this test's.
 """
 
