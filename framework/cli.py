@@ -51,6 +51,15 @@ NO_API_KEY_HELP = ("start servers that listen beyond loopback (a joined cluster,
                    "reach a node could then send them requests and skew the measurements)")
 
 
+def _curve_text(sw: Any) -> str:
+    """'; <setting> measured as a curve ... at v1, v2' for a sweep whose searched load setting
+    became one workload per value (sweep.load_curve, names `...<setting>-<value>`), else ''."""
+    if sw.load_curve is None:
+        return ""
+    values = dict.fromkeys(w.name.rsplit(f"{sw.load_curve}-", 1)[1] for w in sw.spec.workloads)
+    return f"; {sw.load_curve} measured as a curve of each configuration at {', '.join(values)}"
+
+
 def _run_key(sw: Any, local: bool, host: str, no_api_key: bool,
              warn: Any) -> tuple[Any, dict[str, str]]:
     """The sweep with the run's API key (loader.run_api_key) and the servers' secret_env; with
@@ -262,15 +271,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     share = plan.feasible_share(configs, exhaustive, check)
     side = spec.concurrent_trials or args.side_by_side
     estimate = plan.time_estimate(phase_means(trials), spec.engine, spec.search.n_trials, side,
-                                  plan.runs_per_server(space, spec.search.sampler)
-                                  if spec.server.reuse else 1, spec.search.screen,
-                                  spec.cluster.start_ahead,
-                                  plan.remeasurements(spec.search.confirm_top, spec.search.baseline,
-                                                      spec.search.baseline_repeats),
+                                  loads=max(1, len(spec.workloads)),
+                                  runs_per_server=plan.runs_per_server(space, spec.search.sampler)
+                                  if spec.server.reuse else 1, screen=spec.search.screen,
+                                  start_ahead=spec.cluster.start_ahead,
+                                  remeasured=plan.remeasurements(spec.search.confirm_top,
+                                                                 spec.search.baseline,
+                                                                 spec.search.baseline_repeats),
                                   warm="warm_start" in spec.server.startup_levers
                                   and spec.engine in ("cpu", "gpu"))
     print(f"sweep {spec.name}: {len(space.parameters)} parameters, "
-          f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}")
+          f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}"
+          f"{_curve_text(sw)}")
     if share is None:
         print("  feasibility: no memory model for this sweep (GPU sweeps: set `gpu:`)")
     else:
@@ -288,7 +300,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from framework.sweep import loader as sweep_mod
 
     sw = sweep_mod.load(Path(args.sweep))
-    print(f"{args.sweep}: ok (sweep '{sw.spec.name}', {len(sw.space.parameters)} parameters)")
+    print(f"{args.sweep}: ok (sweep '{sw.spec.name}', {len(sw.space.parameters)} parameters"
+          f"{_curve_text(sw)})")
     try:
         sweep_mod.check_tokenizer(sw)
     except ConfigError as exc:

@@ -41,6 +41,7 @@ from framework.sweep.fleet_inputs import file_prices
 from framework.sweep.fleet_inputs import target_of
 from framework.sweep.job_dir import check_job_paths
 from framework.sweep.load_curve import as_load_curve
+from framework.sweep.load_curve import curve_setting
 from framework.sweep.load_meaning import check_load_bound
 from framework.sweep.load_meaning import named_workloads
 from framework.sweep.value_checks import check_flag_values
@@ -63,6 +64,7 @@ class Sweep:
     target: Target | None = None
     file_prices: Mapping[str, float] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False)
+    load_curve: str | None = None  # the searched load setting measured as a curve (load_curve)
 
     @property
     def store(self) -> ResultStore:
@@ -117,8 +119,10 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     if not (spec.model / "config.json").is_file():
         raise ConfigError(str(path), "model", str(spec.model),
                           "no config.json there (for the quickstart model run `make model`)")
-    if spec.search.baseline and space.missing_defaults():
-        raise ConfigError(str(spec.search_space), f"parameters.{space.missing_defaults()[0]}.default",
+    # a load curve's setting needs none: every trial, the baseline too, runs each of its values
+    missing = [n for n in space.missing_defaults() if n != curve_setting(spec, space)]
+    if spec.search.baseline and missing:
+        raise ConfigError(str(spec.search_space), f"parameters.{missing[0]}.default",
                           None, "search.baseline is on, so every parameter needs vLLM's default")
     for name in space.parameters:
         if name in ("model", "host", "port"):
@@ -148,6 +152,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
             check_flag_values(path, spec, space)
     if check_flags:
         check_run_settings(spec, space)
+    curve = curve_setting(spec, space)
     spec, space = as_load_curve(spec, space)  # a searched load setting: a curve per trial
     if check_flags:
         check_cross(path, spec, space, vllm_rules=spec.engine != "fake")
@@ -156,7 +161,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     target = target_of(path, spec)
     check_load_bound(path, spec)  # plan's too: pure, no vLLM needed (load_meaning)
     return Sweep(path=path, spec=spec, space=space, facts=facts, target=target,
-                 file_prices=prices, api_key=api_key(spec))
+                 file_prices=prices, api_key=api_key(spec), load_curve=curve)
 
 
 def check_tokenizer(sw: Sweep) -> None:

@@ -220,7 +220,8 @@ def remeasurements(confirm_top: int, baseline: bool, baseline_repeats: int) -> i
 
 def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
                   side_by_side: int, runs_per_server: int = 1, screen: float | None = None,
-                  start_ahead: int = 0, remeasured: int = 0, warm: bool = False) -> TimeEstimate:
+                  start_ahead: int = 0, remeasured: int = 0, warm: bool = False,
+                  loads: int = 1) -> TimeEstimate:
     """Phase means of the finished trials of this sweep (results.queries.phase_means), else
     DEFAULTS_S for the engine (also for a phase no trial measured).
 
@@ -230,7 +231,9 @@ def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
     (1 + f). `start_ahead`: see TimeEstimate.startup_wall_s. `remeasured` (`remeasurements`):
     trials added to n_trials, each starting its own server. `warm` (the warm_start lever
     applies): without history, WARM_STARTUP_S per server and ZYGOTE_S once (a sweep's
-    history holds the zygote's start in its first trials' start-ups)."""
+    history holds the zygote's start in its first trials' start-ups). `loads`: workloads each
+    trial measures one after another (`workloads:`, a load curve's values): without history, the
+    default warm-up and load count once per workload (a history's means hold them all)."""
     starts = math.ceil(n_trials / max(1, runs_per_server)) + remeasured
     base = dict(DEFAULTS_S[engine])
     phases: Mapping[str, float] = {}
@@ -239,7 +242,9 @@ def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,
     if warm:
         base["startup"] = WARM_STARTUP_S.get(engine, base["startup"])
     if history is None:
-        per, source = base, f"defaults for the {engine} engine" + (", warm_start" if warm else "")
+        per = {**base, "warmup": base["warmup"] * loads, "bench": base["bench"] * loads}
+        source = (f"defaults for the {engine} engine" + (", warm_start" if warm else "")
+                  + (f", {loads} workloads a trial" if loads > 1 else ""))
         zygote = ZYGOTE_S.get(engine, 0.0) if warm else 0.0
     else:
         measured = {"startup": history.startup, "warmup": history.warmup,

@@ -73,3 +73,26 @@ def test_what_cannot_be_a_curve_is_one_line_naming_the_parameter(params, extra, 
         as_load_curve(spec(**extra), space(**params))
     assert (err.value.file, err.value.key) == ("s.yaml", key)
     assert found in err.value.reason and "\n" not in str(err.value)
+
+
+def test_validate_says_the_setting_is_a_curve_and_the_baseline_needs_no_default_for_it(tmp_path):
+    """The space's load setting has no default (vLLM has none: every trial, the baseline too,
+    runs each value); validate and plan name the curve's values."""
+    import yaml
+
+    from tests.cli import cli_in_process
+    from tests.paths import TINY_MODEL
+
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"parameters": {
+        "max-num-seqs": {"type": "categorical", "choices": [4, 256], "default": 256},
+        "request-rate": run(choices=[2, 4])}}))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "lc", "model": str(TINY_MODEL), "search_space": str(tmp_path / "space.yaml"),
+        "engine": "fake", "workload": {"input_len": 16, "output_len": 4},
+        "objective": {"metric": "p99_ttft_ms", "direction": "minimize"},
+        "results_dir": str(tmp_path / "results")}))
+    said = "request-rate measured as a curve of each configuration at 2, 4"
+    for command in ("validate", "plan"):
+        res = cli_in_process(command, str(sweep), cwd=tmp_path)
+        assert res.returncode == 0 and said in res.stdout, res.stdout + res.stderr

@@ -86,6 +86,19 @@ def test_time_estimate_from_history_or_defaults():
     assert fresh.starts == 4
 
 
+def test_time_estimate_counts_each_workload_of_a_trial_without_history():
+    """A trial measures each workload (or load-curve value) in turn: the default warm-up and
+    load count once per workload; a history's means already hold them all."""
+    three = time_estimate(None, "cpu", n_trials=2, side_by_side=1, loads=3)
+    cpu = DEFAULTS_S["cpu"]
+    assert three.per_trial_s == pytest.approx({**cpu, "warmup": 3 * cpu["warmup"],
+                                               "bench": 3 * cpu["bench"]})
+    assert "3 workloads a trial" in three.source
+    history = rows(state=["COMPLETE"], startup_s=[20.0], warmup_s=[2.0], bench_s=[8.0],
+                   trial_s=[33.0])
+    assert time_estimate(phase_means(history), "cpu", 2, 1, loads=3).per_trial_s["bench"] == 8.0
+
+
 def test_time_estimate_with_server_reuse():
     """Reused trials (start-up ~0) do not count in the start-up mean; 10 trials at 4 run
     settings per server need ceil(10 / 4) = 3 starts: (3 x 25 + 10 x 14) / 1 s."""
