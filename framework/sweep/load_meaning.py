@@ -57,11 +57,13 @@ def named_workloads(spec: SweepSpec) -> list[tuple[str, WorkloadSpec]]:
     return [("workload", spec.workload)]
 
 
-def load_bound_problem(path: Path, spec: SweepSpec) -> tuple[str, str, object, str] | None:
+def load_bound_problem(path: Path, spec: SweepSpec,
+                       curve: str | None = None) -> tuple[str, str, object, str] | None:
     """(file, key, value, why) of a throughput objective on a fixed offered load (module
     docstring), or None. Capacity mode sets the rate itself, so a fixed rate is no objection
     there. A searched load setting reaches here as the workloads of its curve
-    (sweep.load_curve), each judged as a workload of its own."""
+    (sweep.load_curve), each judged as a workload of its own; `curve` (that setting's name)
+    words them as its values rather than as `workloads.` keys the file does not have."""
     if spec.objective.allow_load_bound:
         return None
     if spec.capacity is not None:
@@ -73,6 +75,8 @@ def load_bound_problem(path: Path, spec: SweepSpec) -> tuple[str, str, object, s
         return None
     key, metric = following[0]
     for where, w in named_workloads(spec):
+        if curve is not None:
+            where = f"the {curve} curve's workload {w.name}"
         if why := fixed_load(w):
             return (str(path), key, metric,
                     f"{where} {why}: every configuration that keeps up carries exactly that, "
@@ -80,7 +84,7 @@ def load_bound_problem(path: Path, spec: SweepSpec) -> tuple[str, str, object, s
     return None
 
 
-def check_load_bound(path: Path, spec: SweepSpec) -> None:
+def check_load_bound(path: Path, spec: SweepSpec, curve: str | None = None) -> None:
     """ConfigError (one line, exit 2) for `load_bound_problem`."""
-    if found := load_bound_problem(path, spec):
+    if found := load_bound_problem(path, spec, curve):
         raise ConfigError(*found)

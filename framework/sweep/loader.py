@@ -159,7 +159,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
     prices = file_prices(path, spec)
     check_prices(path, spec, prices)
     target = target_of(path, spec)
-    check_load_bound(path, spec)  # plan's too: pure, no vLLM needed (load_meaning)
+    check_load_bound(path, spec, curve)  # plan's too: pure, no vLLM needed (load_meaning)
     return Sweep(path=path, spec=spec, space=space, facts=facts, target=target,
                  file_prices=prices, api_key=api_key(spec), load_curve=curve)
 

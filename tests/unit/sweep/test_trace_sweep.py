@@ -173,6 +173,7 @@ def test_speed_up_is_a_load_measured_at_each_value_unless_kept_searched(tmp_path
     with pytest.raises(ConfigError) as err:
         loader.load(write_sweep(tmp_path, trace_workload(), SPEED))
     assert (err.value.key, err.value.value) == ("objective.metric", "output_throughput")
+    assert err.value.reason.startswith("the speed-up curve's workload speed-up-1 replays")
     curve = loader.load(write_sweep(tmp_path, trace_workload(), SPEED,
                                     objective={"metric": "p99_ttft_ms", "direction": "minimize"}))
     assert curve.space.run_params == () and "speed-up" not in curve.space.parameters
