@@ -75,8 +75,8 @@ def load_bound_problem(path: Path, spec: SweepSpec,
         return None
     key, metric = following[0]
     for where, w in named_workloads(spec):
-        if curve is not None:
-            where = f"the {curve} curve's workload {w.name}"
+        if curve is not None:  # its workloads are named, workloads.<name>
+            where = f"the {curve} curve's workload {where.removeprefix('workloads.')}"
         if why := fixed_load(w):
             return (str(path), key, metric,
                     f"{where} {why}: every configuration that keeps up carries exactly that, "
