@@ -174,7 +174,10 @@ def find_scale_up(configured: Path | None, joined: bool) -> ScaleUp | None:
         return None
     from ray._private.state import state
 
-    config = state.get_cluster_config()
+    try:
+        config = state.get_cluster_config()
+    except Exception:  # noqa: BLE001 - an older GCS without the record: the next source
+        config = None
     if config is not None and config.node_group_configs:
         return from_cluster_config(config.node_group_configs)
     bootstrap = BOOTSTRAP_CONFIG.expanduser()
