@@ -186,13 +186,23 @@ def stop_tree(pid: int, actor: ray.actor.ActorHandle, grace_s: float, folder: st
     (pid) still runs, vLLM shut down (`shut_down`, up to SHUTDOWN_GRACE_S), the actor
     killed through Ray (so Ray records an intended death; its raylet SIGKILLs the worker's
     children as it goes, which would leave vLLM's shared memory in /dev/shm), then what is
-    left `reap`ed; returns pids still alive."""
+    left `reap`ed; returns pids still alive. The actor's own process is only waited for
+    (SIGKILLed after grace_s): Ray ends it, and a SIGTERM of ours while it does made Ray report
+    "A worker died or was killed ... by an unexpected system error" on the driver's console."""
     record = group_file(Path(folder))
     leader = served_record(record)
     tree = process_tree(pid, record)
     shut_down(pid, tree, leader, SHUTDOWN_GRACE_S)
     ray.kill(actor, no_restart=True)
-    return reap(tree, grace_s)
+    return end_tree(tree, pid, grace_s)
+
+
+def end_tree(tree: list[int], actor_pid: int, grace_s: float) -> list[int]:
+    """`reap` the tree but the actor, whose process exits as Ray ends it: waited for, never
+    signalled before grace_s; returns pids still alive."""
+    others = [p for p in tree if p != actor_pid]
+    return reap(others, grace_s) + reap([actor_pid] if actor_pid in tree else [], grace_s,
+                                        signal_first=False)
 
 
 def await_exit(pids: list[int], grace_s: float) -> list[int]:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from framework.cluster.actors import RPC_BASE_VAR
 from framework.cluster.actors import private_tmp
 from framework.cluster.actors import rpc_base
+from framework.cluster.node_reap import end_tree
 from framework.cluster.node_reap import shut_down
 from framework.cluster.node_reap import shutdown_targets
 from framework.engine.process_record import ProcessRecord
@@ -92,3 +94,43 @@ def test_a_stale_group_file_signals_no_other_process_group(ticks_shift, cmdline,
         sleeper.kill()
         sleeper.communicate()
     assert sleeper.returncode == -(signal.SIGTERM if ours else signal.SIGKILL)
+
+
+SIGNALS = ("import os, signal, sys, time\n"
+           "out = sys.argv[1]\n"
+           "def note(n, _):\n"
+           "    open(out, 'a').write(f'{n}\\n'); sys.exit(1)\n"
+           "signal.signal(signal.SIGTERM, note)\n"
+           "open(out, 'a').write('up\\n')\n"
+           "while True: time.sleep(0.05)\n")
+
+
+def _noting(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    """A child that writes 'up' once its SIGTERM handler is set, then the number of any
+    signal it catches."""
+    out = tmp_path / name
+    proc = subprocess.Popen([sys.executable, "-c", SIGNALS, str(out)])
+    while not (out.exists() and "up" in out.read_text()):
+        assert proc.poll() is None
+        time.sleep(0.01)
+    return proc, out
+
+
+def test_the_stop_never_signals_the_actor_itself_only_waits_for_its_exit(tmp_path) -> None:
+    """Guards the console's "A worker died or was killed ... unexpected system error" after a
+    trial (seen twice a `make demo`): the stop SIGTERMed the actor's process while Ray was
+    ending it. The tree's other processes get SIGTERM; the actor gets none, and is SIGKILLed
+    once grace_s has passed without its exit (here Ray never ends it)."""
+    actor, actor_out = _noting(tmp_path, "actor")
+    child, child_out = _noting(tmp_path, "child")
+    try:
+        left = end_tree([actor.pid, child.pid], actor.pid, grace_s=0.5)
+        assert left == []
+        assert child_out.read_text().split() == ["up", str(int(signal.SIGTERM))]
+        assert actor_out.read_text().split() == ["up"]  # no SIGTERM caught: SIGKILLed
+        assert actor.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        for proc in (actor, child):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
