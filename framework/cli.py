@@ -53,10 +53,12 @@ NO_API_KEY_HELP = ("start servers that listen beyond loopback (a joined cluster,
 
 def _curve_text(sw: Any) -> str:
     """'; <setting> measured as a curve ... at v1, v2' for a sweep whose searched load setting
-    became one workload per value (sweep.load_curve, names `...<setting>-<value>`), else ''."""
+    became one workload per value (sweep.load_curve), else ''."""
+    from framework.sweep.load_curve import curve_values
+
     if sw.load_curve is None:
         return ""
-    values = dict.fromkeys(w.name.rsplit(f"{sw.load_curve}-", 1)[1] for w in sw.spec.workloads)
+    values = curve_values(sw.spec, sw.load_curve)
     return f"; {sw.load_curve} measured as a curve of each configuration at {', '.join(values)}"
 
 

@@ -334,7 +334,7 @@ class SweepSpec(_Spec):
     def _workloads_and_classes(self) -> SweepSpec:
         """Several workloads obey config.workloads_spec; a class-prefixed SLA key names a
         class of a mix."""
-        if problem := workloads_problem(self.workloads, self.workload, self.sla, self.capacity,
+        if problem := workloads_problem(self.workloads, self.workload, self.sla,
                                         self.search):
             raise problem
         return self

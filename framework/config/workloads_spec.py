@@ -48,10 +48,10 @@ def check_workloads(workloads: Sequence[_Named]) -> str | None:
     return None
 
 
-def combination_problem(capacity: Any, screen: float | None, repeats: int,
-                        precision: float | None) -> str | None:
-    """Why `workloads:` cannot go with these settings (None: it can). With capacity:, each
-    workload finds its own capacity and the trial's combines them (trial.workloads)."""
+def combination_problem(screen: float | None, repeats: int, precision: float | None) -> str | None:
+    """Why `workloads:` cannot go with these settings (None: it can). Capacity mode is no
+    objection: each workload finds its own capacity and the trial's combines them
+    (trial.workloads)."""
     if screen is not None:
         return "several workloads do not combine with search.screen yet"
     if repeats > 1 or precision is not None:
@@ -80,11 +80,11 @@ def first_workload(data: Any) -> Any:
 
 
 def workloads_problem(workloads: Sequence[_Named], workload: _Mixed, sla: Mapping[str, float],
-                      capacity: Any, search: Any) -> EntryError | None:
+                      search: Any) -> EntryError | None:
     """What is wrong with the sweep's workloads (None: nothing): check_workloads and
     combination_problem for several, or an SLA key naming a class no mix has."""
     if workloads and (problem := check_workloads(workloads) or combination_problem(
-            capacity, search.screen, search.repeats, search.precision)):
+            search.screen, search.repeats, search.precision)):
         return EntryError("workloads", [w.name for w in workloads], problem)
     classes = class_names(w.mix for w in (*workloads, workload))
     for key, limit in sla.items():

@@ -171,20 +171,20 @@ class ResultStore:
     def read_workloads(self) -> pd.DataFrame:
         """All workload rows (`workloads:`, a load curve) ordered by trial number, then in the
         order measured within a trial (empty if none)."""
-        import pandas as pd
-
-        files = sorted(self.workloads_path(0).parent.glob("trial-*.parquet"))
-        if not files:
-            return pd.DataFrame()
-        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
-        return table.to_pandas().sort_values("trial_number", kind="stable").reset_index(drop=True)
+        return _read_folder(self.workloads_path(0).parent)
 
     def read_trials(self) -> pd.DataFrame:
         """All trial rows as a pandas DataFrame ordered by trial number (empty if none)."""
-        import pandas as pd
+        return _read_folder(self.trial_path(0).parent)
 
-        files = sorted(self.trial_path(0).parent.glob("trial-*.parquet"))
-        if not files:
-            return pd.DataFrame()
-        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
-        return table.to_pandas().sort_values("trial_number").reset_index(drop=True)
+
+def _read_folder(folder: Path) -> pd.DataFrame:
+    """Every trial-*.parquet of `folder` as one DataFrame ordered by trial number, a file's rows
+    kept in their order (empty if none)."""
+    import pandas as pd
+
+    files = sorted(folder.glob("trial-*.parquet"))
+    if not files:
+        return pd.DataFrame()
+    table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")
+    return table.to_pandas().sort_values("trial_number", kind="stable").reset_index(drop=True)

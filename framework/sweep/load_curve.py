@@ -46,6 +46,12 @@ def _label(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def curve_values(spec: SweepSpec, setting: str) -> list[str]:
+    """The values of `setting` a curve's workloads run at, in order, once each."""
+    field = RUN_SETTINGS[setting]
+    return list(dict.fromkeys(_label(getattr(w, field)) for w in spec.workloads))
+
+
 def as_load_curve(spec: SweepSpec, space: SearchSpace) -> tuple[SweepSpec, SearchSpace]:
     """The sweep with its searched load setting turned into workloads (module docstring), and
     the space without it; unchanged without one. ConfigError (naming the search space file and
