@@ -29,7 +29,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 GPU_VENV := .venv-gpu
 
-.PHONY: install model samples browser demo lint check test test-serial test-gpu clean
+.PHONY: install model samples browser postgres demo lint check test test-serial test-gpu clean
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ samples: $(STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# Debian's PostgreSQL server programs for the study-storage tests (tests/storage_servers.py
+# starts one in a temp folder, on a unix socket only); found on PATH or in /usr/lib/postgresql.
+postgres:
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
+
 # `run` exits 4 when no configuration meets the SLA (README, "Exit codes"): for the demo that is
 # an answer, not a failure of the set-up.
 demo: install model
@@ -63,14 +68,14 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-check: lint model
+check: lint model postgres
 	$(BIN)/python -m pytest -ra tests/unit $(IN_LANES)
 
-test: lint model browser
+test: lint model browser postgres
 	$(BIN)/python -m pytest -ra --durations=25 $(IN_LANES)
 
 # One lane, in the same order: to read a failure's output in sequence.
-test-serial: lint model browser
+test-serial: lint model browser postgres
 	$(BIN)/python -m pytest -ra --durations=25
 
 # Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then

@@ -2,9 +2,9 @@
 
 Exit codes: 0 success, 1 `best` or `export` has no configuration to print (the sweep has no
 results yet, or no feasible trial), 2 bad input (one line naming file, key and value; `report`
-of a sweep without results), 3 cluster problem (or another driver runs the sweep, or a `doctor`
-check failed), 4 `run` ended and no configuration meets the SLA (EXIT_NO_FEASIBLE), 130
-interrupted.
+of a sweep without results), 3 cluster problem (or another driver runs the sweep, the results'
+object store cannot be read or written, or a `doctor` check failed), 4 `run` ended and no
+configuration meets the SLA (EXIT_NO_FEASIBLE), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from framework import __version__
 from framework.base.errors import ClusterError
 from framework.base.errors import ConfigError
+from framework.base.errors import StoreError
 from framework.base.exit_codes import EXIT_BAD_INPUT
 from framework.base.exit_codes import EXIT_CLUSTER
 from framework.base.exit_codes import EXIT_INTERRUPTED
@@ -94,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sweep_mod.check_tokenizer(sw)
     spec = sw.spec
     console.print(f"[bold]vllm-sweep {__version__}[/bold]: sweep '{spec.name}' -> "
-                  f"{sw.store.sweep_dir}/ ({len(sw.space.parameters)} parameters, "
+                  f"{sw.store.location}/ ({len(sw.space.parameters)} parameters, "
                   f"{spec.search.n_trials} trials, objective {spec.objective.direction} "
                   f"{spec.objective.metric})")
     with DriverSession(sw.store.sweep_dir / "driver.json") as driver, \
@@ -141,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             launcher.close()
     runner.summary()
-    console.print(f"results: {sw.store.sweep_dir.resolve()}", highlight=False, soft_wrap=True)
+    console.print(f"results: {sw.store.location}", highlight=False, soft_wrap=True)
     return _decision_exit(sw, args.summary_json)
 
 
@@ -176,7 +177,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                           spec.sla)
     print("\n".join(status.lines(spec.name, spec.objective.metric)))
     if trials.empty:
-        print(f"  no results yet in {sw.store.sweep_dir}")
+        print(f"  no results yet in {sw.store.location}")
     return 0
 
 
@@ -193,7 +194,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     spec, params = sw.spec, list(sw.space.parameters)
     maximize = spec.objective.direction == "maximize"
     if trials.empty:
-        print(f"no results for sweep {spec.name} in {sw.store.sweep_dir}", file=sys.stderr)
+        print(f"no results for sweep {spec.name} in {sw.store.location}", file=sys.stderr)
         return 1
     if args.pareto:
         return _print_pareto(spec, trials)
@@ -239,16 +240,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     sw, trials = _stored(args)
     if trials.empty:
-        print(f"error: sweep '{sw.spec.name}' has no results yet in {sw.store.sweep_dir}",
+        print(f"error: sweep '{sw.spec.name}' has no results yet in {sw.store.location}",
               file=sys.stderr)
         return EXIT_BAD_INPUT
     # a load stopped early measured a fraction of the requests: its value is not the
     # configuration's, so it does not rank the parameters either
     early = [int(n) for n in trials[cut_short_mask(trials)]["trial_number"]]
-    importances = param_importances(sw.store.journal_path, sw.spec.name, exclude=early)
+    importances = param_importances(sw.spec.search.storage or sw.store.journal_path, sw.spec.name,
+                                    exclude=early)
     out = Path(args.out) if args.out else sw.store.sweep_dir / "report.html"
-    print(render_report(trials, sw.spec, importances, out, space=sw.space, sweep_file=args.sweep,
-                        workloads=sw.store.read_workloads()))
+    render_report(trials, sw.spec, importances, out, space=sw.space, sweep_file=args.sweep,
+                  workloads=sw.store.read_workloads())
+    if not args.out:
+        sw.store.publish(out)  # an object store's results: the report beside them
+    print(out if args.out else sw.store.where(out))
     return 0
 
 
@@ -373,7 +378,8 @@ def parser() -> argparse.ArgumentParser:
         "SLA: a search over vLLM's flags, each trial a real server under load.",
         epilog="Exit codes: 0 success; 1 `best` or `export` has nothing to print (no results yet, or no "
         "feasible trial); 2 bad input (one line naming file, key and value); 3 cluster problem "
-        "(or another driver runs the sweep, or a `doctor` check failed); 4 `run` ended and no "
+        "(or another driver runs the sweep, the results' object store cannot be read or written, "
+        "or a `doctor` check failed); 4 `run` ended and no "
         "configuration meets the SLA; 130 interrupted.")
     p.add_argument("--version", action="version", version=f"vllm-sweep {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
@@ -473,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except ClusterError as exc:
+    except (ClusterError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CLUSTER
     except KeyboardInterrupt:

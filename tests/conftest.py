@@ -1,7 +1,7 @@
 """Shared fixtures: the tiny model and a short temp dir; the order of test files, costliest
 first, for pytest-xdist's lanes (tests/lanes.py). Helpers are in tests/*.py, one module per
 what they serve: paths, procs (processes by marker), cli, clusters, engines, sweeps, streams,
-leftovers, browser, isolated_nodes, ray_start, reservations, scheduling_math."""
+leftovers, browser, isolated_nodes, ray_start, reservations, scheduling_math, storage_servers."""
 
 from __future__ import annotations
 

@@ -24,6 +24,10 @@ class ClusterError(SweepError):
     """Ray could not be started or joined, or a trial's resources can never be placed."""
 
 
+class StoreError(SweepError):
+    """The results' object store could not be read or written (one line: the URI and why)."""
+
+
 class TrialError(SweepError):
     """A trial ended in a failure with a reason from `FAIL_REASONS`."""
 

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel
 from pydantic import ConfigDict
 from pydantic import Field
+from pydantic import field_validator
 from pydantic import model_validator
 
 from framework.config.saturation_spec import SaturationSpec
+from framework.config.yaml_io import SecretInSweep
 
 
 class _Spec(BaseModel):
@@ -18,6 +21,10 @@ class _Spec(BaseModel):
 
 
 Sampler = Literal["tpe", "random", "grid", "nsga2"]
+# SQLAlchemy database URLs Optuna's RDBStorage takes: dialect[+driver]://[user[:password]@]...
+DATABASE_URL = re.compile(r"^(?P<dialect>[a-z]+)(\+[a-z0-9_]+)?://"
+                          r"(?:(?P<user>[^:@/]*)(?::(?P<password>[^@/]*))?@)?")
+DATABASES = ("postgresql", "mysql", "sqlite")
 
 
 class SearchSpec(_Spec):
@@ -54,6 +61,11 @@ class SearchSpec(_Spec):
     (tuner.FarFromBestPruner) finds its screen objective worse than the best feasible trial's
     screen by more than `screen_margin`; the rest get the full run. Single objective only.
     `saturation`: when a run is over-saturated and ends early (config.saturation_spec).
+    `storage`: where the Optuna study lives: by default a journal file beside the results
+    (mirrored to an object store results_dir); a database URL (`postgresql://user@host/db`,
+    `mysql+pymysql://...`, `sqlite:////path/study.db`) uses Optuna's RDBStorage, which
+    optuna-dashboard can watch live. No password in the URL (a secret in a sweep file): the
+    driver's libpq reads PGPASSWORD or ~/.pgpass (search/storages.py).
     """
 
     sampler: Sampler = "tpe"
@@ -75,6 +87,22 @@ class SearchSpec(_Spec):
     screen: float | None = Field(default=None, gt=0, lt=1)
     screen_margin: float = Field(default=0.3, gt=0, le=10)
     saturation: SaturationSpec = Field(default_factory=SaturationSpec)
+    storage: str | None = None
+
+    @field_validator("storage")
+    @classmethod
+    def _database_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        m = DATABASE_URL.match(url)
+        if m is None or m["dialect"] not in DATABASES:
+            raise ValueError(f"not a database URL; use one of {', '.join(DATABASES)} "
+                             "(e.g. postgresql://user@127.0.0.1:5432/optuna)")
+        if m["password"]:
+            raise SecretInSweep("password", "a password in a sweep file is a secret in plain "
+                                "text: drop it from the URL and set PGPASSWORD (or ~/.pgpass) in "
+                                "the driver's environment")
+        return url
 
     @model_validator(mode="after")
     def _runs(self) -> SearchSpec:

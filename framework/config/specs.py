@@ -29,6 +29,8 @@ from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
 from framework.base.vocabulary import split_class_key
 from framework.config import secret_names
+from framework.config.results_location import is_store_uri
+from framework.config.results_location import uri_problem
 from framework.config.search_spec import CapacitySpec
 from framework.config.search_spec import Sampler  # noqa: F401 - re-exported
 from framework.config.search_spec import SearchSpec
@@ -270,7 +272,8 @@ class SweepSpec(_Spec):
     search: SearchSpec = SearchSpec()
     capacity: CapacitySpec | None = None
     cluster: ClusterSpec = ClusterSpec()
-    results_dir: Path = Path("results")
+    # a folder, or an object store URI (config/results_location.py, results/object_store.py)
+    results_dir: Path | str = Path("results")
     target: TargetSpec | None = None  # the load a deployment must carry (framework.fleet)
     pricing: PricingSpec = PricingSpec()
 
@@ -290,6 +293,17 @@ class SweepSpec(_Spec):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 64), starting with a "
                              "letter or digit")
         return name
+
+    @field_validator("results_dir", mode="before")
+    @classmethod
+    def _results_location(cls, value: Any) -> Any:
+        """`scheme://...` stays a URI (checked: results_location.uri_problem); any other text
+        is a folder."""
+        if isinstance(value, str) and is_store_uri(value):
+            if problem := uri_problem(value):
+                raise ValueError(problem)
+            return value
+        return Path(value) if isinstance(value, str) else value
 
     @field_validator("sla")
     @classmethod

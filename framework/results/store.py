@@ -1,4 +1,4 @@
-"""Parquet result tables; the only module importing pyarrow.
+"""Parquet result tables (with object_store.py, the modules importing pyarrow).
 
 Layout under `results/<sweep>/`:
     trials/sweep=<sweep>/trial-00007.parquet      one row per trial
@@ -12,7 +12,9 @@ Layout under `results/<sweep>/`:
 Contract: one file per trial number, written to a hidden temp name, fsynced and renamed into
 place (the directory fsynced after), so a reader never sees a partial file nor a power loss
 leaves an empty one, and writing the same trial again replaces it (no duplicates on resume).
-Columns are typed by an explicit schema, never inferred.
+Columns are typed by an explicit schema, never inferred. With a `mirror` (a results_dir on
+an object store, object_store.py) the folder is a private staging copy, and each committed
+file is published to the store as one object, the journal ahead of it when it changed.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ import os
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from framework.results.object_store import Mirror
+from framework.results.object_store import open_mirror
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -103,10 +109,31 @@ def _write_rows(path: Path, rows: Sequence[Mapping[str, Any]], columns: Columns)
 
 @dataclass(frozen=True)
 class ResultStore:
-    """Where one sweep's results live; see the module docstring for the layout."""
+    """Where one sweep's results live; see the module docstring for the layout. `root`: the
+    local results_dir, or the staging folder of `mirror`."""
 
     root: Path
     sweep: str
+    mirror: Mirror | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def location(self) -> str:
+        """Where the results are, for people: the sweep's folder, or its object store URI."""
+        return str(self.sweep_dir) if self.mirror is None else self.mirror.where(self.sweep_dir)
+
+    def where(self, path: Path) -> str:
+        """Where the file `path` of this store lives: the path, or its object's URI."""
+        return str(path) if self.mirror is None else self.mirror.where(path)
+
+    def publish(self, path: Path) -> None:
+        """Send the committed file `path` to the object store (the journal first when it
+        changed); nothing for a local results_dir."""
+        if self.mirror is not None and path.is_file():
+            self.mirror.publish(path, before=self.journal_path)
+
+    def publish_journal(self) -> None:
+        """Send the Optuna journal if it changed (after a tell); nothing when local."""
+        self.publish(self.journal_path)
 
     @property
     def sweep_dir(self) -> Path:
@@ -139,23 +166,30 @@ class ResultStore:
         tmp.write_text(json.dumps({"sweep_file": str(sweep_file.resolve()),
                                    "cwd": str(Path.cwd())}))
         _commit(tmp, self.sweep_dir / ORIGIN)
+        self.publish(self.sweep_dir / ORIGIN)
 
     def write_trial(self, row: Mapping[str, Any], columns: Columns) -> Path:
         """Write (or replace) the row of trial `row['trial_number']`."""
-        return _write_rows(self.trial_path(int(row["trial_number"])), [row], columns)
+        return self._publish_rows(self.trial_path(int(row["trial_number"])), [row], columns)
 
     def write_requests(self, number: int, rows: Sequence[Mapping[str, Any]], columns: Columns) -> Path:
         """Write (or replace) the request rows of trial `number` (may be empty)."""
-        return _write_rows(self.requests_path(number), rows, columns)
+        return self._publish_rows(self.requests_path(number), rows, columns)
 
     def write_workloads(self, number: int, rows: Sequence[Mapping[str, Any]],
                         columns: Columns) -> Path:
         """Write (or replace) the workload rows of trial `number`."""
-        return _write_rows(self.workloads_path(number), rows, columns)
+        return self._publish_rows(self.workloads_path(number), rows, columns)
 
     def write_probe(self, number: int, rows: Sequence[Mapping[str, Any]], columns: Columns) -> Path:
         """Write (or replace) the quality probe rows of trial `number`."""
-        return _write_rows(self.probe_path(number), rows, columns)
+        return self._publish_rows(self.probe_path(number), rows, columns)
+
+    def _publish_rows(self, path: Path, rows: Sequence[Mapping[str, Any]], columns: Columns
+                      ) -> Path:
+        _write_rows(path, rows, columns)
+        self.publish(path)
+        return path
 
     def read_probes(self) -> list[dict[str, Any]]:
         """Every stored probe row (plain Python values), by trial number; [] if none."""
@@ -176,6 +210,15 @@ class ResultStore:
     def read_trials(self) -> pd.DataFrame:
         """All trial rows as a pandas DataFrame ordered by trial number (empty if none)."""
         return _read_folder(self.trial_path(0).parent)
+
+
+def open_store(results_dir: Path | str, sweep: str) -> ResultStore:
+    """The store of sweep `sweep` under `results_dir`: a local folder, or an object store URI
+    (object_store.is_store_uri) whose sweep is first downloaded into a new staging folder."""
+    if isinstance(results_dir, Path):
+        return ResultStore(results_dir, sweep)
+    mirror = open_mirror(results_dir, sweep)
+    return ResultStore(mirror.staging, sweep, mirror)
 
 
 def _read_folder(folder: Path) -> pd.DataFrame:

@@ -1,8 +1,10 @@
-"""The Optuna study: samplers, ask/tell, baseline, resume. The only module importing optuna.
+"""The Optuna study: samplers, ask/tell, baseline, resume (with storages.py, the modules
+importing optuna).
 
-The study lives in a journal file beside the results, so running the same sweep again resumes
-it: `n_trials` is the total number of finished trials the study should hold. A trial left
-RUNNING by a driver that died is closed as FAIL with reason `interrupted` before new work.
+The study lives in a journal file beside the results (or a database: search/storages.py), so
+running the same sweep again resumes it: `n_trials` is the total number of finished trials the
+study should hold. A trial left RUNNING by a driver that died is closed as FAIL with reason
+`interrupted` before new work.
 Feasibility uses Optuna's constraint convention (`trial.set_constraint`, feasible iff <= 0).
 A measured trial whose objective has no value (NaN: a fleet objective where no rate held the
 SLA, trial.objective) is told like a configuration failure: the worst placeholder value with its
@@ -25,9 +27,6 @@ from optuna.distributions import BaseDistribution
 from optuna.distributions import CategoricalDistribution
 from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
-from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
-from optuna.storages.journal import JournalFileOpenLock
 from optuna.trial import TrialState
 
 from framework.base.vocabulary import Scalar
@@ -37,6 +36,8 @@ from framework.config.search_space import FloatParam
 from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
 from framework.config.search_space import grid_values
+from framework.search.storages import exists
+from framework.search.storages import open_storage
 
 BASELINE_ATTR = "baseline"
 FAIL_REASON_ATTR = "fail_reason"
@@ -189,15 +190,14 @@ class Tuner:
     `learn_from_failures: False` tells every failure as a plain FAIL (Optuna's default, for
     comparison)."""
 
-    def __init__(self, journal: Path, study_name: str, space: SearchSpace,
+    def __init__(self, storage: Path | str, study_name: str, space: SearchSpace,
                  directions: Sequence[str], sampler: str, seed: int, startup_trials: int,
                  constraint_keys: Sequence[str] = (), learn_from_failures: bool = True,
                  screen_margin: float | None = None) -> None:
+        """`storage`: a journal file, or a database URL (search.storages.open_storage)."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        journal.parent.mkdir(parents=True, exist_ok=True)
-        backend = JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal)))
         self.directions = tuple(directions)
-        self._storage = JournalStorage(backend)
+        self._storage = open_storage(storage)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study = optuna.create_study(
@@ -383,20 +383,19 @@ class Tuner:
         self.tell(proposal, Evaluation(objective=None, constraints={}, fail_reason=reason))
 
 
-def param_importances(journal: Path, study_name: str,
+def param_importances(storage: Path | str, study_name: str,
                       exclude: Collection[int] = ()) -> dict[str, float]:
     """Optuna's parameter importances (normalized, highest first) for the primary objective,
-    over the measured trials of the study in `journal` (COMPLETE without a failure reason:
+    over the measured trials of the study in `storage` (COMPLETE without a failure reason:
     configuration failures carry placeholder values; trial numbers in `exclude` left out, e.g.
     loads stopped early), opened without writing to it, for the parameters that differ among
     them; {} when the journal or study is missing, fewer than 2 trials were measured, no
     parameter differs, or Optuna cannot evaluate the study."""
-    if not journal.is_file():
+    if not exists(storage):
         return {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    backend = JournalFileBackend(str(journal), lock_obj=JournalFileOpenLock(str(journal)))
     try:
-        study = optuna.load_study(study_name=study_name, storage=JournalStorage(backend))
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage))
     except KeyError:
         return {}
     measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

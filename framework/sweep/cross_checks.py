@@ -300,7 +300,8 @@ def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: boo
     if w.tokenizer is not None and not (w.tokenizer / "tokenizer.json").is_file():
         raise ConfigError(str(path), "workload.tokenizer", str(w.tokenizer),
                           "no tokenizer.json there (the load generator tokenizes prompts with it)")
-    if found := results_problem(spec.results_dir, spec.name):
+    if isinstance(spec.results_dir, Path) and (found := results_problem(spec.results_dir,
+                                                                        spec.name)):
         raise ConfigError(str(path), "results_dir", str(spec.results_dir),
                           f"{found[0]} {found[1]}: the sweep's results cannot be written")
     special = special_tokens(spec)

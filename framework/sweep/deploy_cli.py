@@ -211,7 +211,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError("command line", "--format", args.format, f"expected one of {', '.join(FORMATS)}")
     sw, trials = _stored(args.sweep)
     if trials.empty:
-        print(f"no results for sweep {sw.spec.name} in {sw.store.sweep_dir}", file=sys.stderr)
+        print(f"no results for sweep {sw.spec.name} in {sw.store.location}", file=sys.stderr)
         return EXIT_NOTHING
     found = deploy.shipped(trials, sw.spec, list(sw.space.parameters), sw.space.run_params,
                            target=sw.target, price_of=sw.price)
@@ -254,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in args.sweeps:
         sw, trials = _stored(path)
         if trials.empty:
-            raise ConfigError(path, "results_dir", str(sw.store.sweep_dir), "no results to compare")
+            raise ConfigError(path, "results_dir", sw.store.location, "no results to compare")
         target = sw.target if args.target is None else Target(
             args.target, sw.spec.target.headroom if sw.spec.target else 0.0)
         found = deploy.shipped(trials, sw.spec, list(sw.space.parameters), sw.space.run_params,

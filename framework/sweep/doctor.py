@@ -261,6 +261,20 @@ class Heartbeat:
         self._thread.join()
 
 
+def results_check(sw: Sweep) -> Check:
+    """The results dir takes writes: a file made in the folder, or an object written, read
+    back and deleted in the object store."""
+    where = sw.spec.results_dir
+    if isinstance(where, Path):
+        err = writable(where)
+        return Check(DRIVER, "results dir", FAIL if err else OK,
+                     f"{where.resolve()}{': ' + err if err else ' writable'}")
+    mirror = sw.store.mirror
+    problem = mirror.write_probe() if mirror is not None else "no object store"
+    return Check(DRIVER, "results dir", FAIL if problem else OK,
+                 f"{sw.store.location}{': ' + problem if problem else ' takes writes'}")
+
+
 def run(sw: Sweep, local: bool, host: str, launcher: ServerLauncher,
         probe: Callable[[str, str], list[NodeReport]], say: Say) -> list[Check]:
     """Every check of the doctor, in table order. `probe(cache_dir, host)` reports on each
@@ -269,8 +283,7 @@ def run(sw: Sweep, local: bool, host: str, launcher: ServerLauncher,
     spec = sw.spec
     # a bad workload is bad input (exit 2) before anything
     plan = doctor_plan(load_plan(spec, sw.api_key))
-    rows = [Check(DRIVER, "results dir", FAIL if (err := writable(spec.results_dir)) else OK,
-                  f"{spec.results_dir.resolve()}{': ' + err if err else ' writable'}")]
+    rows = [results_check(sw)]
     cache = cache_dir(spec, local)
     say(f"probing every alive node (cache dir {cache})")
     reports = probe(cache, host)

@@ -32,13 +32,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from framework.cluster.jobs import follow
     from framework.cluster.jobs import stop_wait_s
     from framework.cluster.jobs import submit
+    from framework.results.object_store import join_uri
     from framework.sweep import loader as sweep_mod
     from framework.sweep.job_dir import in_place_working_dir
     from framework.sweep.job_dir import results_place
 
     sw = sweep_mod.load(Path(args.sweep), check_flags=False)  # the job's `run` checks the rest
     cwd = Path.cwd()
-    place = results_place(sw.spec.results_dir, sw.spec.name, cwd)
+    place = (results_place(sw.spec.results_dir, sw.spec.name, cwd)
+             if isinstance(sw.spec.results_dir, Path) else join_uri(sw.spec.results_dir, sw.spec.name))
     entrypoint = shlex.join(["vllm-sweep", "run", args.sweep]
                             + (["--add-trials", str(args.add_trials)] if args.add_trials else [])
                             + (["--no-api-key"] if args.no_api_key else []))

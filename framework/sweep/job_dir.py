@@ -73,7 +73,7 @@ def check_job_paths(path: Path, spec: SweepSpec, env: Mapping[str, str]) -> None
     with the reason. Elsewhere nothing is checked here."""
     if not in_uploaded_copy(env):
         return
-    if not spec.results_dir.is_absolute():
+    if isinstance(spec.results_dir, Path) and not spec.results_dir.is_absolute():
         raise ConfigError(str(path), "results_dir", str(spec.results_dir),
                           "relative, and this Ray job runs in Ray's temporary copy of "
                           f"--working-dir ({os.getcwd()}), deleted with the job: {SUBMIT_HINT}")

@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
+from functools import cached_property
 from pathlib import Path
 
 from framework.base.errors import ConfigError
@@ -35,6 +36,7 @@ from framework.fleet.columns import Target
 from framework.fleet.prices import Price
 from framework.fleet.prices import resolve_price
 from framework.results.store import ResultStore
+from framework.results.store import open_store
 from framework.sweep.cross_checks import check_cross
 from framework.sweep.fleet_inputs import check_prices
 from framework.sweep.fleet_inputs import file_prices
@@ -66,9 +68,11 @@ class Sweep:
     api_key: str | None = field(default=None, repr=False)
     load_curve: str | None = None  # the searched load setting measured as a curve (load_curve)
 
-    @property
+    @cached_property
     def store(self) -> ResultStore:
-        return ResultStore(self.spec.results_dir, self.spec.name)
+        """The results (results.store.open_store), opened on first use: an object store's
+        sweep is downloaded then, once per Sweep."""
+        return open_store(self.spec.results_dir, self.spec.name)
 
     def price(self, tp: int = 1, pp: int = 1) -> Price | None:
         """The price of one replica of TP x PP devices (fleet.prices.resolve_price)."""

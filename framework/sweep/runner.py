@@ -117,7 +117,7 @@ class Runner:
                                      classes)
         self.workload_columns = workload_columns(spec.workload.percentiles, classes)
         self.vllm_version = vllm_version() or "unknown"
-        self.tuner = Tuner(self.store.journal_path, spec.name, sweep.space,
+        self.tuner = Tuner(spec.search.storage or self.store.journal_path, spec.name, sweep.space,
                            spec.objective.directions, spec.search.sampler,
                            spec.search.seed, spec.search.effective_startup_trials,
                            constraint_keys=list(spec.sla),
@@ -173,6 +173,7 @@ class Runner:
             self._pool.stop_all()
             self._pool.join()
             loop.executor.shutdown(wait=False, cancel_futures=True)
+            self.store.publish_journal()  # the interrupted trials' FAIL, the queued re-runs
 
     def _grid_capped(self, target: int) -> int:
         """The grid sampler runs each configuration once: at most the grid's size (with the
@@ -337,7 +338,7 @@ class Runner:
         outcome, verdict, intervals = j.outcome, j.verdict, j.intervals
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,
-                           server_log=str(server_log or self.store.log_path(p.number)),
+                           server_log=self.store.where(server_log or self.store.log_path(p.number)),
                            feasibility=feas, sla=self.spec.sla, provenance=self.provenance,
                            confirmation_of=p.confirm_of, startup_levers=plan.levers,
                            fleet=j.fleet)
@@ -348,6 +349,7 @@ class Runner:
             constraints=verdict.constraints if verdict else {}, fail_reason=outcome.fail_reason,
             violation=feas.violation if feas is not None and not feas.ok else 1.0)
         self.tuner.remember(p, ev)  # a kill between the rows and the tell: told on resume
+        self.store.publish(server_log or self.store.log_path(p.number))  # object store: its log
         self.store.write_requests(p.number, request_rows(p.number, outcome), REQUEST_COLUMNS)
         if self.spec.workloads:
             self.store.write_workloads(p.number, workload_rows(
@@ -355,13 +357,15 @@ class Runner:
                 {w.name: w for w in self.spec.workloads}), self.workload_columns)
         self.store.write_trial(row, self.columns)
         self.tuner.tell(p, ev)
+        self.store.publish_journal()
         return row
 
     def _record_interrupted(self, number: int, params: dict, is_baseline: bool) -> None:
         outcome = TrialOutcome(started_at=datetime.now(UTC), argv=(),
                                fail_reason="interrupted", fail_detail="the driver stopped mid-trial")
         ctx = TrialContext(number=number, params=params, is_baseline=is_baseline, serve_command="",
-                           vllm_version=self.vllm_version, server_log=str(self.store.log_path(number)),
+                           vllm_version=self.vllm_version,
+                           server_log=self.store.where(self.store.log_path(number)),
                            provenance=self.provenance)
         self.store.write_requests(number, [], REQUEST_COLUMNS)
         self.store.write_trial(trial_row(ctx, outcome, None, self.columns), self.columns)

@@ -1,4 +1,6 @@
-"""Tuner on a real Optuna journal file: baseline, constraints, failures, resume, interruption."""
+"""The tuner's contract on each study storage (search/storages.py): baseline, constraints,
+failures, resume, interruption, alike on a real Optuna journal file and SQLite here, and on a real
+PostgreSQL server in tests/e2e/test_study_storages.py, which runs these same tests."""
 
 from __future__ import annotations
 
@@ -25,15 +27,18 @@ DEFAULTS = {"max-num-seqs": 128, "max-num-batched-tokens": 2048,
             "enable-chunked-prefill": True, "enable-prefix-caching": True}
 
 
-def make_tuner(journal: Path, *, maximize: bool = True, sampler: str = "tpe") -> Tuner:
-    return Tuner(journal, "quickstart", SPACE, ["maximize" if maximize else "minimize"],
+def make_tuner(storage: Path | str, *, maximize: bool = True, sampler: str = "tpe") -> Tuner:
+    return Tuner(storage, "quickstart", SPACE, ["maximize" if maximize else "minimize"],
                  sampler=sampler, seed=0, startup_trials=2,
                  constraint_keys=["p99_ttft_ms", "error_rate"])
 
 
-@pytest.fixture
-def journal(tmp_path) -> Path:
-    return tmp_path / "results" / "quickstart" / "optuna.journal"
+@pytest.fixture(params=["journal", "sqlite"])
+def journal(request, tmp_path) -> Path | str:
+    """Where a test's study lives: a journal file (the default), or a SQLite database."""
+    if request.param == "journal":
+        return tmp_path / "results" / "quickstart" / "optuna.journal"
+    return f"sqlite:///{tmp_path / 'study.db'}"
 
 
 def ok(value: float, **constraints: float) -> Evaluation:
@@ -73,7 +78,8 @@ def test_distributions_int_step_and_float(tmp_path):
     assert dists["swap-space"].log is True
 
 
-def test_journal_created_in_missing_directory(journal):
+def test_journal_created_in_missing_directory(tmp_path):
+    journal = tmp_path / "results" / "quickstart" / "optuna.journal"
     assert not journal.parent.exists()
     make_tuner(journal)
     assert journal.parent.is_dir()
