@@ -165,6 +165,28 @@ def _stored(args: argparse.Namespace):
     return sw, sw.store.read_trials()
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Merge a sweep's per-trial files into large parts (results.compaction); refused while the
+    sweep's driver runs (exit 3)."""
+    from framework.results.compaction import compact
+    from framework.results.status import live_driver
+    from framework.sweep import loader as sweep_mod
+
+    if args.rows_per_file < 1:
+        print(f"error: --rows-per-file must be >= 1, got {args.rows_per_file}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    sw = sweep_mod.load(Path(args.sweep), check_flags=False)
+    if (pid := live_driver(sw.store.sweep_dir / "driver.json")) is not None:
+        print(f"error: the sweep's driver (pid {pid}) is running; compact once it has ended",
+              file=sys.stderr)
+        return EXIT_CLUSTER
+    done = compact(sw.store, args.rows_per_file)
+    for c in done:
+        print(f"{c.table}: {c.files} per-trial files -> {c.parts} part(s), {c.rows} rows")
+    print(f"{'compacted' if done else 'nothing to compact'}: {sw.store.location}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from framework.results.status import live_driver
     from framework.results.status import sweep_status
@@ -406,6 +428,12 @@ def parser() -> argparse.ArgumentParser:
                         "its stored results")
     st.add_argument("sweep", help=SWEEP_HELP)
     st.set_defaults(fn=cmd_status)
+    co = sub.add_parser("compact", help="merge a finished sweep's per-trial files into a few "
+                        "large ones (faster queries over thousands of trials)")
+    co.add_argument("sweep", help=SWEEP_HELP)
+    co.add_argument("--rows-per-file", type=int, default=4_000_000, metavar="N",
+                    help="at most N rows per merged file (default 4,000,000)")
+    co.set_defaults(fn=cmd_compact)
     be_ = sub.add_parser("best", help="the best feasible configuration as a `vllm serve` "
                          "command or as YAML",
                          description="Prints the best feasible configuration on stdout and its "

@@ -111,6 +111,18 @@ class Mirror:
                              f"kept in {self.sweep_dir}") from None
         self._published[rel] = len(data)
 
+    def delete(self, path: Path) -> None:
+        """Delete the object of the staged file `path` (absent: nothing)."""
+        rel = self._relative(path)
+        with self._lock:
+            try:
+                self._fs.delete_file(f"{self._base}/{rel}")
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StoreError(f"{self.where(path)}: {one_line(exc)}") from None
+            self._published.pop(rel, None)
+
     def restore(self) -> int:
         """Download every object under `<uri>/<sweep>/` into the staging folder; the count."""
         count = 0

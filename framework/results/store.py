@@ -79,7 +79,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _commit(tmp: Path, path: Path) -> None:
+def commit_file(tmp: Path, path: Path) -> None:
     """Rename the written `tmp` onto `path`, durably: its bytes are on disk before the rename
     (a power loss can't leave an empty or partial committed file), and the directory is
     flushed after it, so the rename survives too (skipped where the filesystem can't)."""
@@ -96,7 +96,7 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         pq.write_table(table, tmp)
-        _commit(tmp, path)
+        commit_file(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -130,6 +130,11 @@ class ResultStore:
         changed); nothing for a local results_dir."""
         if self.mirror is not None and path.is_file():
             self.mirror.publish(path, before=self.journal_path)
+
+    def unpublish(self, path: Path) -> None:
+        """Delete the object of the staged file `path` (removed here); nothing when local."""
+        if self.mirror is not None:
+            self.mirror.delete(path)
 
     def publish_journal(self) -> None:
         """Send the Optuna journal if it changed (after a tell); nothing when local."""
@@ -165,7 +170,7 @@ class ResultStore:
         tmp = self.sweep_dir / ".origin.json.tmp"
         tmp.write_text(json.dumps({"sweep_file": str(sweep_file.resolve()),
                                    "cwd": str(Path.cwd())}))
-        _commit(tmp, self.sweep_dir / ORIGIN)
+        commit_file(tmp, self.sweep_dir / ORIGIN)
         self.publish(self.sweep_dir / ORIGIN)
 
     def write_trial(self, row: Mapping[str, Any], columns: Columns) -> Path:
@@ -197,10 +202,14 @@ class ResultStore:
         return [row for f in files for row in pq.read_table(f).to_pylist()]
 
     def trial_numbers(self) -> set[int]:
+        """The numbers of the trials that have their row (per-trial files, compacted parts)."""
         folder = self.trial_path(0).parent
         if not folder.is_dir():
             return set()
-        return {int(p.stem.split("-")[1]) for p in folder.glob("trial-*.parquet")}
+        numbers = {int(p.stem.split("-")[1]) for p in folder.glob("trial-*.parquet")}
+        for part in folder.glob("part-*.parquet"):
+            numbers.update(pq.read_table(part, columns=["trial_number"])["trial_number"].to_pylist())
+        return numbers
 
     def read_workloads(self) -> pd.DataFrame:
         """All workload rows (`workloads:`, a load curve) ordered by trial number, then in the
@@ -218,15 +227,19 @@ def open_store(results_dir: Path | str, sweep: str) -> ResultStore:
     if isinstance(results_dir, Path):
         return ResultStore(results_dir, sweep)
     mirror = open_mirror(results_dir, sweep)
-    return ResultStore(mirror.staging, sweep, mirror)
+    store = ResultStore(mirror.staging, sweep, mirror)
+    from framework.results import compaction  # imports this module
+
+    compaction.finish(store)  # a compaction killed midway: finished, so no row counts twice
+    return store
 
 
 def _read_folder(folder: Path) -> pd.DataFrame:
-    """Every trial-*.parquet of `folder` as one DataFrame ordered by trial number, a file's rows
-    kept in their order (empty if none)."""
+    """Every file of `folder` (per-trial files and compacted parts, compaction.py) as one
+    DataFrame ordered by trial number, a trial's rows kept in their order (empty if none)."""
     import pandas as pd
 
-    files = sorted(folder.glob("trial-*.parquet"))
+    files = sorted(folder.glob("*.parquet"))
     if not files:
         return pd.DataFrame()
     table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="permissive")

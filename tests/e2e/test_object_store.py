@@ -18,6 +18,7 @@ import pytest
 
 from framework.base.errors import StoreError
 from framework.config.search_space import load_search_space
+from framework.results import compaction
 from framework.results.object_store import STAGING_PREFIX
 from framework.results.rows import REQUEST_COLUMNS
 from framework.results.rows import trial_columns
@@ -184,3 +185,39 @@ def test_a_local_store_has_no_mirror_and_publishing_is_nothing(tmp_path):
     assert store == ResultStore(tmp_path, SWEEP) and store.mirror is None
     store.publish(tmp_path / "missing")  # nothing to send, nothing raised
     assert store.location == str(tmp_path / SWEEP)
+
+
+def test_compaction_in_a_bucket_and_one_killed_midway_finished_by_the_next_opening(
+        s3, columns, tmp_path, monkeypatch):
+    """`compact` on an S3 sweep: the bucket ends with the parts alone; a compaction whose driver
+    died after its manifest reached the bucket is finished by the next driver that opens it."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    location = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}"
+    store = open_store(location, SWEEP)
+    for n in range(4):
+        store.write_requests(n, [], REQUEST_COLUMNS)
+        store.write_trial(make_row(columns, n, objective=float(n)), columns)
+    before = store.read_trials().to_json(orient="records", date_format="iso")
+    real, calls = compaction.commit_file, []
+
+    def dies_after_the_manifest(tmp: Path, path: Path) -> None:
+        calls.append(path.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(tmp, path)
+
+    monkeypatch.setattr(compaction, "commit_file", dies_after_the_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        compaction.compact(store)
+    monkeypatch.setattr(compaction, "commit_file", real)
+
+    again = open_store(location, SWEEP)  # another machine: finishes what the manifest says
+    assert again.read_trials().to_json(orient="records", date_format="iso") == before
+    listed = s3.filesystem().get_file_info(pafs.FileSelector(
+        location.removeprefix("s3://") + f"/{SWEEP}/trials", recursive=True))
+    assert [Path(i.path).name for i in listed if i.type == pafs.FileType.File] == [
+        "part-00000.parquet"]
+    assert not (again.sweep_dir / compaction.MANIFEST).exists()
+    assert compaction.compact(open_store(location, SWEEP)) == []  # nothing left to do
