@@ -100,6 +100,18 @@ class Mirror:
             if path != before:
                 self._upload(path, self._relative(path))
 
+    def publish_changed(self, folder: Path) -> int:
+        """Upload every file of the staged `folder` whose size differs from what was sent
+        (server logs, which grow after their trial's row); how many."""
+        sent = 0
+        with self._lock:
+            for path in sorted(folder.glob("*")) if folder.is_dir() else []:
+                rel = self._relative(path)
+                if path.is_file() and path.stat().st_size != self._published.get(rel):
+                    self._upload(path, rel)
+                    sent += 1
+        return sent
+
     def _upload(self, path: Path, rel: str) -> None:
         data = path.read_bytes()
         try:

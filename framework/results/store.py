@@ -118,8 +118,10 @@ class ResultStore:
 
     @property
     def location(self) -> str:
-        """Where the results are, for people: the sweep's folder, or its object store URI."""
-        return str(self.sweep_dir) if self.mirror is None else self.mirror.where(self.sweep_dir)
+        """Where the results are, for people: the sweep's folder (absolute), or its object
+        store URI."""
+        return (str(self.sweep_dir.resolve()) if self.mirror is None
+                else self.mirror.where(self.sweep_dir))
 
     def where(self, path: Path) -> str:
         """Where the file `path` of this store lives: the path, or its object's URI."""
@@ -135,6 +137,12 @@ class ResultStore:
         """Delete the object of the staged file `path` (removed here); nothing when local."""
         if self.mirror is not None:
             self.mirror.delete(path)
+
+    def publish_logs(self) -> None:
+        """Send the server logs that grew since they were sent (a log is fetched from its node
+        when its server stops, after the trial's row); nothing when local."""
+        if self.mirror is not None:
+            self.mirror.publish_changed(self.sweep_dir / "logs")
 
     def publish_journal(self) -> None:
         """Send the Optuna journal if it changed (after a tell); nothing when local."""

@@ -174,6 +174,7 @@ class Runner:
             self._pool.join()
             loop.executor.shutdown(wait=False, cancel_futures=True)
             self.store.publish_journal()  # the interrupted trials' FAIL, the queued re-runs
+            self.store.publish_logs()  # each fetched from its node when its server stopped
 
     def _grid_capped(self, target: int) -> int:
         """The grid sampler runs each configuration once: at most the grid's size (with the
@@ -297,6 +298,7 @@ class Runner:
             p = plan.proposal
             row = self._record(plan, outcome, running.feasibility, running.log_path)
             self._pool.settle(p.number, plan.key, outcome.argv, running.log_path)
+            self.store.publish_logs()  # the logs of the servers stopped since
             self._queue_siblings(p, outcome)
             loop.progress.trial_finished(row, self._ttft_key, self._tpot_key)
             loop.done += 1

@@ -184,7 +184,7 @@ def test_a_local_store_has_no_mirror_and_publishing_is_nothing(tmp_path):
     store = open_store(tmp_path, SWEEP)
     assert store == ResultStore(tmp_path, SWEEP) and store.mirror is None
     store.publish(tmp_path / "missing")  # nothing to send, nothing raised
-    assert store.location == str(tmp_path / SWEEP)
+    assert store.location == str((tmp_path / SWEEP).resolve())
 
 
 def test_compaction_in_a_bucket_and_one_killed_midway_finished_by_the_next_opening(
@@ -221,3 +221,28 @@ def test_compaction_in_a_bucket_and_one_killed_midway_finished_by_the_next_openi
         "part-00000.parquet"]
     assert not (again.sweep_dir / compaction.MANIFEST).exists()
     assert compaction.compact(open_store(location, SWEEP)) == []  # nothing left to do
+
+
+def test_a_log_that_grows_after_its_row_reaches_the_bucket(s3, tmp_path, monkeypatch):
+    """A server's log is fetched from its node when the server stops, after the trial's row:
+    publish_logs (after each trial, at the run's end) sends what grew, and only that."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    location = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}"
+    store = open_store(location, SWEEP)
+    store.log_path(0).parent.mkdir(parents=True)
+    store.log_path(0).write_text("started\n")
+    store.publish_logs()
+    key = location.removeprefix("s3://") + f"/{SWEEP}/logs/trial-00000.log"
+    fs = s3.filesystem()
+    assert fs.open_input_stream(key).read() == b"started\n"
+    with store.log_path(0).open("a") as log:
+        log.write("stopped\n")
+    sent = []
+    real = store.mirror._upload
+    monkeypatch.setattr(store.mirror, "_upload", lambda p, rel: (sent.append(rel), real(p, rel)))
+    store.publish_logs()
+    store.publish_logs()  # nothing grew: nothing sent
+    assert sent == ["logs/trial-00000.log"]
+    assert fs.open_input_stream(key).read() == b"started\nstopped\n"

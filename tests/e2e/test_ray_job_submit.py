@@ -9,7 +9,9 @@ sweep starts.
   has, in a directory whose .gitignore lists models/ and results/: `ray job submit --working-dir
   .` fails at once with the one-line reason (the upload leaves models/ out, a relative
   results_dir would vanish with Ray's temp dir); `vllm-sweep submit` runs it in place, prints
-  where the results go, and the trial Parquet is read back there.
+  where the results go, and the trial Parquet is read back there;
+- issue 35 item 3: the same upload with the results in an S3 bucket is not refused, and the
+  rows reach the bucket.
 
 The smallest cluster that shows these bugs: a head (2 CPUs, no GPU) where Ray runs the job's
 driver, and a worker (1 CPU, 1 fake GPU) where the trial's server must then run, so every trial
@@ -42,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pytest
 import yaml
 
@@ -56,6 +60,8 @@ from tests.procs import wait_no_marked_processes
 from tests.ray_start import start_node
 from tests.ray_start import stop_nodes
 from tests.ray_start import wait_started
+from tests.storage_servers import BUCKET
+from tests.storage_servers import s3_server
 from tests.sweeps import NO_REMEASURE
 
 pytestmark = pytest.mark.server
@@ -88,7 +94,8 @@ def node_env(marker: str, tmp: Path) -> dict[str, str]:
 
 def job_spec(model: str, search_space: str, results: str) -> dict:
     """One FakeEngine trial (vLLM's defaults, the baseline) of NUM_PROMPTS measured requests,
-    its server on the node Ray places it on (the worker: the only GPU)."""
+    its server on the node Ray places it on (the worker: the only GPU); its run is never cut
+    (stop_early off: a stall of a loaded machine cannot end it short of its requests)."""
     return {
         "name": NAME, "model": model, "search_space": search_space, "engine": "fake",
         "server": {"host": "node", "startup_timeout_s": 120,
@@ -97,7 +104,8 @@ def job_spec(model: str, search_space: str, results: str) -> dict:
         "workload": {"num_prompts": NUM_PROMPTS, "input_len": 32, "output_len": 8,
                      "max_concurrency": 8, "warmup_requests": 4, "seed": 1},
         "sla": {"p99_ttft_ms": 5000},
-        "search": {**NO_REMEASURE, "n_trials": 1, "seed": 3, "baseline": True},
+        "search": {**NO_REMEASURE, "n_trials": 1, "seed": 3, "baseline": True,
+                   "stop_early": False},
         "results_dir": results,
     }
 
@@ -330,3 +338,55 @@ def test_relative_sweep_submitted_in_place_and_refused_when_uploaded(tiny_model,
     assert f"job {job_id}: SUCCEEDED (exit code 0)" in out.stdout
     assert job_status(c.dashboard, job_id) == "SUCCEEDED"
     assert_one_complete_trial(Path(printed[-1]).parent, out.stdout)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server() as server:
+        yield server
+
+
+@pytest.mark.timeout(600)
+def test_ray_job_submit_as_written_with_results_in_a_bucket(tiny_model, job_cluster, s3):
+    """Guards issue 35 item 3: the literal `ray job submit --working-dir . -- vllm-sweep run
+    SWEEP` from a checkout whose sweep keeps its results in an S3 bucket (a real S3 API server on
+    loopback): Ray uploads the checkout and runs the job in its temporary copy, which is not
+    refused (the results do not live there), the trial runs on the worker, and its rows and
+    study are in the bucket when the copy is gone. The model is an absolute path every node
+    reaches (the repository: an isolated node sees it, as a node sees a shared volume)."""
+    c = job_cluster
+    repo = c.tmp / "repo-s3"
+    (repo / "sweeps").mkdir(parents=True)
+    location = f"s3://{BUCKET}/jobs"
+    spec = job_spec(str(tiny_model), "search_spaces/tiny_cpu.yaml", location)
+    (repo / "search_spaces").mkdir()
+    shutil.copy(ROOT / "search_spaces" / "tiny_cpu.yaml", repo / "search_spaces")
+    (repo / "sweeps" / "s3.yaml").write_text(yaml.safe_dump(spec))
+    (repo / ".gitignore").write_text("/models\n/results/\n")
+    job_id = f"vsweep-s3-{c.marker[:8]}"
+    runtime_env = json.dumps({"env_vars": s3.env})  # the job's driver reaches the bucket
+    argv = ["submit", "--address", c.dashboard, "--working-dir", ".", "--runtime-env-json",
+            runtime_env, "--submission-id", job_id, "--no-wait", "--", "vllm-sweep", "run",
+            "sweeps/s3.yaml"]
+    deadline = time.monotonic() + 240
+    while True:  # the head's dashboard agent may not be registered yet (submit_job)
+        out = subprocess.run([RAY, "job", *argv], cwd=repo, env=c.env, capture_output=True,
+                             text=True, timeout=120)
+        if out.returncode == 0 or NO_AGENT not in out.stdout + out.stderr \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    status = wait_terminal(c.dashboard, job_id, timeout_s=480)
+    logs = job_logs(c.dashboard, job_id)
+    assert status == "SUCCEEDED", f"job status {status}; logs:\n{logs[-6000:]}"
+    assert f"results: {location}/{NAME}" in logs, logs[-3000:]
+    assert not (repo / "results").exists()
+
+    fs, prefix = s3.filesystem(), f"{BUCKET}/jobs/{NAME}"
+    trials_data = ds.dataset(f"{prefix}/trials", filesystem=fs, partitioning="hive")  # noqa: F841
+    trials = duckdb.sql("SELECT * FROM trials_data").df()
+    assert len(trials) == 1 and trials.iloc[0]["state"] == "COMPLETE", trials
+    assert trials.iloc[0]["completed"] == NUM_PROMPTS and trials.iloc[0]["node_ip"] == WORKER_IP
+    names = {Path(i.path).name for i in fs.get_file_info(pafs.FileSelector(prefix, recursive=True))}
+    assert {"optuna.journal", "origin.json"} <= names, names  # (FakeEngine logs nothing)
