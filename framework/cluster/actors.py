@@ -43,6 +43,8 @@ from framework.engine import vllm_server as engine
 from framework.engine import zygote as warm
 from framework.engine.control import SOCKET_VAR
 from framework.engine.control import socket_path
+from framework.engine.server_args import model_of
+from framework.tools.tiny_model import ensure_tiny_model
 
 # FakeEngine only: a JSON-lines file where each process holding a trial's devices logs what it
 # sees, and the launcher logs when the trial's group is released (scheduling and device tests
@@ -118,6 +120,16 @@ def drop_inherited(environ: MutableMapping[str, str]) -> None:
         environ.pop(name, None)
 
 
+def in_uploaded_working_dir() -> bool:
+    """Whether this worker runs in a node's copy of a Ray job's uploaded --working-dir (a
+    `gcs://` package; `local://` runs in place), where the git-ignored models/ is missing."""
+    try:
+        uri = ray.get_runtime_context().runtime_env.working_dir_uri()
+    except Exception:  # noqa: BLE001 - no runtime env: not a job's copy
+        return False
+    return bool(uri) and str(uri).startswith("gcs://")
+
+
 def use_cache_dir() -> None:
     """Point vLLM's and Hugging Face's caches at this node's cache directory (made if absent).
     torch inductor's comes in the runtime_env (cluster.launcher, INDUCTOR_CACHE_VAR)."""
@@ -172,6 +184,10 @@ class ServerActor:
             tempfile.tempdir = None  # this process's own temp files (the in-actor server) too
         use_cache_dir()
         engine.redirect_output(Path(log_path))
+        model = model_of(argv)
+        if model is not None and in_uploaded_working_dir() and ensure_tiny_model(model):
+            print(f"built the project's tiny model at {model} in this node's copy of the "
+                  "job's --working-dir (models/ is git-ignored, so not uploaded)", flush=True)
         if engine_name == "fake":
             fake_engine.serve(argv, on_ready=lambda args: self._start_fake_workers(args, tag))
         elif zygote and not serve_process.uses_ray_executor(argv):

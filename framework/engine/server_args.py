@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from collections.abc import Sequence
 
 from framework.base.vocabulary import Scalar
 
@@ -50,6 +51,14 @@ def trial_flags(fixed: Mapping[str, Scalar], params: Mapping[str, Scalar | None]
 def server_argv(model: str, flags: Mapping[str, Scalar | None], host: str, port: int) -> list[str]:
     """argv for vLLM's OpenAI server parser (what runs in-process in the server actor)."""
     return ["--model", model, *flag_args(flags), "--host", host, "--port", str(port)]
+
+
+def model_of(argv: Sequence[str]) -> str | None:
+    """The `--model` value of a server_argv (None if absent)."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--model":
+            return argv[i + 1]
+    return None
 
 
 def serve_command(model: str, flags: Mapping[str, Scalar | None]) -> str:

@@ -12,8 +12,10 @@ in-place working dir: `get_local_dir_uri_path`, `raise_if_local_dir_uri_missing`
 
 `vllm-sweep submit` therefore submits `vllm-sweep run SWEEP` with `local://<cwd>`: relative
 paths resolve as they do for a local `vllm-sweep run`, on every node. A sweep run in an
-uploaded copy refuses a relative results_dir (it would vanish with Ray's temp dir) and says why
-a relative model is missing.
+uploaded copy refuses a relative results_dir (it would vanish with Ray's temp dir; an object
+store URI is fine) and says why a relative model is missing, except the project's tiny model
+(tools.tiny_model.TINY_MODEL_DIR), which the driver's node and every server's node build in
+their copy (seeded: the same files; cluster.actors does it on a server's node).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from framework.base.errors import ConfigError
 from framework.config.specs import SweepSpec
+from framework.tools.tiny_model import ensure_tiny_model
 
 # Set by Ray's job supervisor for the entrypoint only: {"runtime_env": ..., "metadata": ...}
 # (ray/dashboard/modules/job/job_supervisor.py, `_get_driver_env_vars`; the name is
@@ -77,6 +80,9 @@ def check_job_paths(path: Path, spec: SweepSpec, env: Mapping[str, str]) -> None
         raise ConfigError(str(path), "results_dir", str(spec.results_dir),
                           "relative, and this Ray job runs in Ray's temporary copy of "
                           f"--working-dir ({os.getcwd()}), deleted with the job: {SUBMIT_HINT}")
+    if ensure_tiny_model(spec.model):  # the quickstart's model: every node builds its own
+        print(f"built the project's tiny model at {spec.model} in Ray's copy of --working-dir "
+              "(models/ is git-ignored, so not uploaded); each node builds the same", flush=True)
     if not spec.model.is_absolute() and not (spec.model / "config.json").is_file():
         raise ConfigError(str(path), "model", str(spec.model),
                           "no config.json in Ray's uploaded copy of --working-dir, which "

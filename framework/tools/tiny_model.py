@@ -13,6 +13,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+# where `make model` builds it, and the quickstart names it (relative to the checkout)
+TINY_MODEL_DIR = Path("models/tiny-llama")
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n"
@@ -95,3 +97,29 @@ def build_tiny_llama(out_dir: Path, seed: int = 0, shape: TinyLlamaShape = TinyL
 
 def is_built(out_dir: Path) -> bool:
     return all((out_dir / name).exists() for name in ("config.json", "tokenizer.json", "model.safetensors"))
+
+
+def ensure_tiny_model(model: Path | str) -> bool:
+    """Build the project's tiny model at `model` when `model` is TINY_MODEL_DIR (relative: the
+    current directory's, e.g. a node's copy of a Ray job's --working-dir, which leaves out the
+    git-ignored models/) and it is not built there; True if it was built here. The build is
+    seeded, so every node makes the same files (checked in tests/unit/tools), and goes to a new
+    folder renamed into place, so processes of one node building at once leave one whole copy."""
+    import shutil
+    import tempfile
+
+    path = Path(model)
+    if path != TINY_MODEL_DIR or is_built(path):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=path.parent))
+    try:
+        build_tiny_llama(staging / "m")
+        try:
+            (staging / "m").rename(path)
+        except OSError:  # another process of this node placed it first
+            if not is_built(path):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return True

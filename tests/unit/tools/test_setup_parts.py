@@ -16,6 +16,7 @@ from framework.load.workload import load_tokenizer
 from framework.tools import engine_setup
 from framework.tools.tiny_model import TinyLlamaShape
 from framework.tools.tiny_model import build_tiny_llama
+from framework.tools.tiny_model import ensure_tiny_model
 from framework.tools.tiny_model import is_built
 from tests.paths import ROOT
 
@@ -150,3 +151,19 @@ def test_cluster_yaml_needs_two_values_and_keeps_the_cluster_closed():
     for name in (".venv", ".cache", "results", "models"):
         assert name in excluded or f"/{name}" in excluded, name
     assert cfg["rsync_filter"] == [".gitignore"]
+
+
+def test_a_node_without_the_tiny_model_builds_the_same_files(tiny_model, tmp_path, monkeypatch):
+    """ensure_tiny_model, as a node's copy of a Ray job's --working-dir runs it (models/ is not
+    uploaded): only for the project's relative path, once, and byte for byte the model that
+    `make model` built, so every node serves the same model."""
+    monkeypatch.chdir(tmp_path)
+    assert ensure_tiny_model(tmp_path / "models" / "tiny-llama") is False  # not the project's path
+    assert ensure_tiny_model("models/tiny-llama") is True
+    assert ensure_tiny_model("models/tiny-llama") is False  # built: nothing to do
+    built = tmp_path / "models" / "tiny-llama"
+    names = sorted(p.name for p in tiny_model.iterdir() if p.is_file())
+    assert sorted(p.name for p in built.iterdir()) == names
+    for name in names:
+        assert (built / name).read_bytes() == (tiny_model / name).read_bytes(), name
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny-llama"]  # no staging left
