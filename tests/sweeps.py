@@ -30,6 +30,9 @@ NO_REMEASURE = {"confirm_top": 0, "baseline_repeats": 0}
 
 
 def write_sweep(tmp: Path, model: Path, n_trials: int, name: str = "e2e") -> Path:
+    """A sweep of `n_trials` vLLM CPU trials of 40 requests each. Its SLA is one any machine
+    holds and its runs are never cut (stop_early off): one stall of a loaded machine would
+    otherwise cut a run below its 40 requests, or leave no trial feasible (exit 4)."""
     sweep = {
         "name": name,
         "model": str(model),
@@ -39,8 +42,8 @@ def write_sweep(tmp: Path, model: Path, n_trials: int, name: str = "e2e") -> Pat
         "workload": {"num_prompts": 40, "input_len": 64, "output_len": 16,
                      "max_concurrency": 8, "warmup_requests": 8, "seed": 1},
         "objective": {"metric": "output_throughput", "direction": "maximize"},
-        "sla": {"p99_ttft_ms": 2000, "p99_tpot_ms": 100},
-        "search": {**NO_REMEASURE, "n_trials": n_trials, "seed": 3},
+        "sla": {"p99_ttft_ms": 60000, "p99_tpot_ms": 1000},
+        "search": {**NO_REMEASURE, "n_trials": n_trials, "seed": 3, "stop_early": False},
         "results_dir": str(tmp / "results"),
     }
     path = tmp / f"{name}.yaml"
@@ -128,10 +131,13 @@ def write_fake_sweep(folder: Path, model: Path, address: str | None) -> Path:
         "name": NAME, "model": str(model), "search_space": str(space), "engine": "fake",
         "server": {"host": "node", "env": {"FAKE_ENGINE_STARTUP_S": "0",
                                             "FAKE_ENGINE_TTFT_MS": "30",
-                                            "FAKE_ENGINE_TPOT_MS": "10"}},
+                                            "FAKE_ENGINE_TPOT_MS": "30"}},
         "workload": {"num_prompts": 32, "input_len": 8, "output_len": 32, "max_concurrency": 8,
                      "warmup_requests": 0, "request_timeout_s": 60},
-        "sla": {"p99_ttft_ms": 500, "p99_tpot_ms": 50},
+        # a request takes ~1 s (30 ms + 31 x 30 ms): 128 slots answer in ~30 ms, far under
+        # the SLA (a stall of a loaded machine stays under it too), 2 slots queue the other
+        # 6 requests in flight, their TTFT ~2-3 s
+        "sla": {"p99_ttft_ms": 1500, "p99_tpot_ms": 200},
         # after the baseline, seed 10 proposes max-num-seqs 2 (TTFT over the SLA, so its run
         # stops early after a few requests: the report marks it and leaves it out of the
         # plots), 128, then TP 4 (on a cluster of fewer than 4 GPUs, one that cannot be placed;

@@ -50,6 +50,13 @@ from framework.trial.workloads import WorkloadResult
 from framework.trial.workloads import aggregate_metrics
 from framework.trial.workloads import measure_workloads
 
+# How long one /metrics scrape of a measured run may take. A flooded server answers late, and
+# a late sample is still one: stamped when the scrape began, it holds the server's gauges at
+# a moment within the scrape, so on a queue that grows it only steepens the slope
+# trial.saturation fits (a flat queue stays flat), while a scrape given up on leaves no sample
+# at all (the sampler scrapes one at a time, so a given-up scrape costs the same wait).
+SCRAPE_TIMEOUT_S = 10.0
+
 
 class ServerHandle(Protocol):
     base_url: str
@@ -221,7 +228,7 @@ def _measure(server: ServerHandle, plan: LoadPlan, deadline: Deadline, phase: Ph
     if pruned:
         phase(f"pruned: {pruned}")
     else:
-        sampler = MetricsSampler(server.base_url).start()
+        sampler = MetricsSampler(server.base_url, timeout_s=SCRAPE_TIMEOUT_S).start()
         if plan.saturation is not None:
             measurement.watch = SaturationWatch(sampler.snapshot, plan.saturation)
         try:

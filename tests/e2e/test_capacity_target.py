@@ -58,6 +58,10 @@ def test_trace_capacity_example_prints_the_fleet_of_its_rows(shared_ray, tiny_mo
     # an SLA that 1x holds on any machine (the shipped 300 / 50 ms: 32x here when idle): a
     # capacity of 0 would leave no fleet to check, and this test is not about a speed
     spec["sla"] = {"p99_ttft_ms": 5000, "p99_tpot_ms": 500}
+    # no over-saturation stops: one would end a step above capacity with its finished requests
+    # all under the SLA (its slow ones still in flight), which check_steps could not tell from a
+    # step that held; the SLA guard still ends a broken step early
+    spec["search"]["saturation"] = {"enabled": False}
     sweep = short_tmp / "trace_capacity.yaml"
     sweep.write_text(yaml.safe_dump(join_shared(spec, shared_ray)))
     res = run_joined(shared_ray, ["run", str(sweep), "--summary-json", str(short_tmp / "s.json")],

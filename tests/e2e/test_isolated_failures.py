@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -108,6 +109,27 @@ def run_processes(cluster: IsolatedCluster) -> dict[str, list[psutil.Process]]:
     return found
 
 
+def running(procs: list[psutil.Process]) -> list[int]:
+    """The pids of `procs` still running: a zombie has ended (its parent, not this test's, has
+    yet to reap it), which is_running() alone does not tell."""
+    left = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+def wait_ended(procs: list[psutil.Process], timeout_s: float = 30.0) -> list[int]:
+    """Poll until every one of `procs` has ended (gone or a zombie); returns the pids left."""
+    deadline = time.monotonic() + timeout_s
+    while (left := running(procs)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 @pytest.mark.timeout(600)
 def test_kill_9_of_the_driver_on_two_nodes_then_a_new_run_leaves_nothing_of_it(
         tiny_model, cluster, hold_folder):
@@ -148,8 +170,7 @@ def test_kill_9_of_the_driver_on_two_nodes_then_a_new_run_leaves_nothing_of_it(
     assert list(trials["fail_reason"].fillna(""))[:2] == ["interrupted"] * 2
     assert trials.iloc[2]["state"] == "COMPLETE"
     for node in cluster.nodes:
-        left = [p.pid for p in before[node.ip] if p.is_running()]
-        assert left == [], (node.ip, left)
+        assert wait_ended(before[node.ip]) == [], node.ip
         assert vsweep_leftovers(node.folder) == [], node.ip
 
 

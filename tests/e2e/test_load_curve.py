@@ -37,7 +37,9 @@ def test_a_searched_load_is_a_curve_of_every_configuration_not_a_competitor(shar
     sweep.write_text(yaml.safe_dump(join_shared({
         "name": "curve", "model": str(TINY_MODEL), "search_space": str(space), "engine": "fake",
         "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0", "FAKE_ENGINE_TPOT_MS": "20"}},
-        "workload": {"num_prompts": 12, "input_len": 16, "output_len": 8, "warmup_requests": 0},
+        # 48 requests of ~0.16 s: at concurrency 6, max-num-seqs 6 takes ~1.3 s and 1 ~7.7 s,
+        # so the 2x below holds through a stall of ~2.5 s (12 requests: ~0.6 s did not)
+        "workload": {"num_prompts": 48, "input_len": 16, "output_len": 8, "warmup_requests": 0},
         "objective": {"metric": "output_throughput", "direction": "maximize"},
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 2, "baseline": False},
         "results_dir": str(short_tmp / "results")}, shared_ray)))

@@ -102,6 +102,9 @@ def test_example_multi_turn_sweep_runs_and_reads_back_with_duckdb(shared_ray, ti
     # the example's 30 cut to SESSIONS: its first 8 conversations (seed 0) have 2, 3 and 4
     # turns (at most max_turns), so every turn number the example reaches is still read back
     workload["multi_turn"]["num_sessions"] = SESSIONS
+    # stop_early off: the SLA guard (p99 TTFT <= 2 s over ~25 requests) would cut a run at its
+    # first slow turn, and the session and request counts below are of whole runs
+    spec["search"]["stop_early"] = False
     sweep = short_tmp / "multi_turn_chat.yaml"
     sweep.write_text(yaml.safe_dump(join_shared(spec, shared_ray), sort_keys=False))
     res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,15 +196,12 @@ def test_pipeline_stages_span_two_nodes(tiny_model, two_node_cluster):
     # vLLM reused the trial's group instead of creating its own, and loaded our plugin.
     assert "existing placement group" in log_text.lower() or "current placement group" in log_text.lower()
     assert "vllm-sweep CPU Ray platform plugin active" in log_text
-    # Nothing of the trial is left: no vLLM process among the cluster's processes.
-    leftovers = []
-    for proc in marked_processes(marker):
-        try:
-            text = " ".join(proc.cmdline()) + proc.name()
-        except Exception:  # noqa: BLE001 - exited meanwhile
-            continue
-        if "VLLM" in text or "ServerActor" in text or "RayWorker" in text:
-            leftovers.append(text[:120])
+    # Nothing of the trial is left: no vLLM process among the cluster's processes, once the
+    # stopped ones have exited (polled as tests/procs.py wait_no_trial_processes polls: a
+    # loaded machine may still be reaping them when the run returns)
+    deadline = time.monotonic() + 45
+    while (leftovers := trial_leftovers(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert leftovers == []
     # Nor any of the server's files in either node's TMPDIR.
     for node in two_node_cluster.nodes:
@@ -212,6 +210,19 @@ def test_pipeline_stages_span_two_nodes(tiny_model, two_node_cluster):
     assert not (tmp / ".cache").exists() and not (cluster_dir(two_node_cluster) / ".cache").exists()
     assert any((node.folder / ".cache" / "vllm-sweep" / "vllm").is_dir()
                for node in two_node_cluster.nodes)
+
+
+def trial_leftovers(marker: str) -> list[str]:
+    """The cluster's processes (by its marker) that are vLLM's or a server actor's, described."""
+    leftovers = []
+    for proc in marked_processes(marker):
+        try:
+            text = " ".join(proc.cmdline()) + proc.name()
+        except Exception:  # noqa: BLE001 - exited meanwhile
+            continue
+        if "VLLM" in text or "ServerActor" in text or "RayWorker" in text:
+            leftovers.append(text[:120])
+    return leftovers
 
 
 def write_doctor_sweep(tmp: Path, model: Path, name: str, cache_dir: Path) -> Path:

@@ -350,15 +350,17 @@ def s3():
 def test_ray_job_submit_as_written_with_results_in_a_bucket(tiny_model, job_cluster, s3):
     """Guards issue 35 item 3: the literal `ray job submit --working-dir . -- vllm-sweep run
     SWEEP` from a checkout whose sweep keeps its results in an S3 bucket (a real S3 API server on
-    loopback): Ray uploads the checkout and runs the job in its temporary copy, which is not
-    refused (the results do not live there), the trial runs on the worker, and its rows and
-    study are in the bucket when the copy is gone. The model is an absolute path every node
-    reaches (the repository: an isolated node sees it, as a node sees a shared volume)."""
+    loopback) and names the project's tiny model relatively, as the quickstart does, with no
+    models/ in the checkout (git-ignored: never uploaded): Ray runs the job in its temporary
+    copy, which is not refused (the results do not live there); the driver's node and the
+    worker each build the tiny model in their copy (seeded: the same files); the trial runs on
+    the worker, and its rows, its server's log (which says the worker built the model) and the
+    study are in the bucket when the copy is gone."""
     c = job_cluster
     repo = c.tmp / "repo-s3"
     (repo / "sweeps").mkdir(parents=True)
     location = f"s3://{BUCKET}/jobs"
-    spec = job_spec(str(tiny_model), "search_spaces/tiny_cpu.yaml", location)
+    spec = job_spec("models/tiny-llama", "search_spaces/tiny_cpu.yaml", location)
     (repo / "search_spaces").mkdir()
     shutil.copy(ROOT / "search_spaces" / "tiny_cpu.yaml", repo / "search_spaces")
     (repo / "sweeps" / "s3.yaml").write_text(yaml.safe_dump(spec))
@@ -381,7 +383,8 @@ def test_ray_job_submit_as_written_with_results_in_a_bucket(tiny_model, job_clus
     logs = job_logs(c.dashboard, job_id)
     assert status == "SUCCEEDED", f"job status {status}; logs:\n{logs[-6000:]}"
     assert f"results: {location}/{NAME}" in logs, logs[-3000:]
-    assert not (repo / "results").exists()
+    assert "built the project's tiny model at models/tiny-llama in Ray's copy" in logs
+    assert not (repo / "results").exists() and not (repo / "models").exists()
 
     fs, prefix = s3.filesystem(), f"{BUCKET}/jobs/{NAME}"
     trials_data = ds.dataset(f"{prefix}/trials", filesystem=fs, partitioning="hive")  # noqa: F841
@@ -389,4 +392,7 @@ def test_ray_job_submit_as_written_with_results_in_a_bucket(tiny_model, job_clus
     assert len(trials) == 1 and trials.iloc[0]["state"] == "COMPLETE", trials
     assert trials.iloc[0]["completed"] == NUM_PROMPTS and trials.iloc[0]["node_ip"] == WORKER_IP
     names = {Path(i.path).name for i in fs.get_file_info(pafs.FileSelector(prefix, recursive=True))}
-    assert {"optuna.journal", "origin.json"} <= names, names  # (FakeEngine logs nothing)
+    assert {"optuna.journal", "origin.json", "trial-00000.log"} <= names, names
+    server_log = fs.open_input_stream(f"{prefix}/logs/trial-00000.log").read().decode()
+    assert "built the project's tiny model at models/tiny-llama in this node's copy" \
+        in server_log, server_log[-2000:]

@@ -24,9 +24,12 @@ from tests.sweeps import read_trials
 @pytest.mark.server
 @pytest.mark.timeout(300)
 def test_fake_sweep_prunes_slow_and_sla_breaking_configurations(shared_ray, short_tmp):
-    """max-num-seqs 1 queues the screen's 12 requests one by one (p99 TTFT ~1 s, the SLA is
-    400 ms: pruned on the SLA); 4 runs them in three waves (TTFT fine, a third of the
-    throughput: pruned by Optuna's pruner); 64 matches the baseline (128): full run."""
+    """A request takes ~0.47 s (20 ms + 15 x 30 ms). max-num-seqs 1 queues the screen's 12
+    requests one by one (p99 TTFT ~5 s, the SLA is 1.5 s: pruned on the SLA); 4 runs them in
+    three waves (TTFT ~1 s, fine; a third of the throughput: pruned by Optuna's pruner); 64
+    matches the baseline (128): full run. The screens last ~0.5 s (4: ~1.4 s) and the margin
+    0.4 sits between 1 and a third (1 - 0.4 ~ sqrt(1/3)), so a stall of ~0.3 s in one screen
+    neither prunes 64 nor lets 4 through (on 0.1 s screens and margin 0.3, ~50 ms did)."""
     space = short_tmp / "space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
         "max-num-seqs": {"type": "categorical", "choices": [1, 4, 64, 128], "default": 128}}}))
@@ -35,11 +38,12 @@ def test_fake_sweep_prunes_slow_and_sla_breaking_configurations(shared_ray, shor
         "name": "screen", "model": str(TINY_MODEL),
         "search_space": str(space), "engine": "fake",
         "server": {"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TTFT_MS": "20",
-                           "FAKE_ENGINE_TPOT_MS": "5"}},
+                           "FAKE_ENGINE_TPOT_MS": "30"}},
         "workload": {"num_prompts": 48, "input_len": 16, "output_len": 16,
                      "max_concurrency": 16, "warmup_requests": 0},
-        "sla": {"p99_ttft_ms": 400},
-        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 5, "screen": 0.25, "stop_early": False},
+        "sla": {"p99_ttft_ms": 1500},
+        "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": 5, "screen": 0.25,
+                   "screen_margin": 0.4, "stop_early": False},
         "results_dir": str(short_tmp / "results")}, shared_ray)))
     res = run_joined(shared_ray, ["run", str(sweep)], short_tmp)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

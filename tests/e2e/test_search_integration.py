@@ -201,9 +201,12 @@ def test_a_run_whose_sla_surely_broke_stops_early_with_the_same_verdict(
 @pytest.mark.timeout(300)
 def test_repeated_runs_on_one_server_give_a_mean_and_an_interval(
         shared_ray, tiny_model, short_tmp):
+    """Three runs of 24 requests, 4 at a time, ~0.37 s each (20 ms + 7 x 50 ms): ~2.2 s a run,
+    so a stall of a loaded machine in one run (under ~4.5 s: twice a run) keeps the objective's
+    cv under 0.5; runs of ~0.33 s reached it with a stall of ~0.7 s."""
     out, _ = run_fake_sweep(
         shared_ray, short_tmp, "rep", {"max-num-seqs": {"type": "categorical", "choices": [16]}}, tiny_model,
-        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "5"}},
+        server={"env": {"FAKE_ENGINE_STARTUP_S": "0.3", "FAKE_ENGINE_TPOT_MS": "50"}},
         workload={"num_prompts": 24, "input_len": 16, "output_len": 8, "max_concurrency": 4,
                   "warmup_requests": 0},
         sla={"p99_ttft_ms": 5000},

@@ -140,7 +140,8 @@ def test_a_forked_server_answers_as_a_spawned_one_and_dies_with_its_actor(
                                  cwd=ROOT, env=env,
                                  stdout=log, stderr=subprocess.STDOUT)
     try:
-        ready = asyncio.run(wait_ready(f"http://{HOST}:{port}", 120,
+        # as the shared server's SHARED_STARTUP_S: a start on a loaded machine, not a speed
+        ready = asyncio.run(wait_ready(f"http://{HOST}:{port}", 240,
                                        is_alive=lambda: actor.poll() is None))
         assert ready, (tmp_path / "server.log").read_text(errors="replace")[-3000:]
         prompts = ["The capital of France is", "def fib(n):", "Once upon a time"]
