@@ -68,15 +68,13 @@ def _run_key(sw: Any, local: bool, host: str, no_api_key: bool,
     """The sweep with the run's API key (loader.run_api_key) and the servers' secret_env; with
     `--no-api-key` where it leaves servers open, one warning line through `warn`. The key is
     never printed."""
-    import dataclasses
-
     from framework.sweep import loader as sweep_mod
 
     key = sweep_mod.run_api_key(sw.spec, local, host, no_api_key)
     if key is None and no_api_key and (not local or sweep_mod.beyond_loopback(host)):
         warn(f"warning: --no-api-key: servers listen on {host} without an API key; anyone who "
              "can reach a node can send them requests and skew the measurements")
-    return dataclasses.replace(sw, api_key=key), sweep_mod.server_secrets(sw.spec, key)
+    return sw.with_api_key(key), sweep_mod.server_secrets(sw.spec, key)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

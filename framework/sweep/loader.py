@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
@@ -73,6 +74,14 @@ class Sweep:
         """The results (results.store.open_store), opened on first use: an object store's
         sweep is downloaded then, once per Sweep."""
         return open_store(self.spec.results_dir, self.spec.name)
+
+    def with_api_key(self, key: str | None) -> Sweep:
+        """This sweep with the run's API key, keeping its results store if already opened (an
+        object store's staging copy is made and downloaded once per run, not per copy)."""
+        new = replace(self, api_key=key)
+        if "store" in self.__dict__:  # where functools.cached_property keeps the value
+            new.__dict__["store"] = self.__dict__["store"]
+        return new
 
     def price(self, tp: int = 1, pp: int = 1) -> Price | None:
         """The price of one replica of TP x PP devices (fleet.prices.resolve_price)."""

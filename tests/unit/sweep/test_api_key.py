@@ -118,3 +118,14 @@ def test_submit_passes_no_api_key_to_the_jobs_run(monkeypatch):
                               add_trials=0, no_wait=True, no_api_key=True)
     assert job_cli.cmd_submit(args) == 0
     assert sent == ["vllm-sweep run sweeps/quickstart.yaml --no-api-key"]
+
+
+def test_the_run_key_copy_keeps_the_opened_results_store(sw):
+    """`run` puts the run's key in a copy of the sweep after the driver lock is taken in the
+    results: the copy must be the same store (for an object store, one staging copy, downloaded
+    once), and a copy made before any opening opens its own."""
+    fresh = sw.with_api_key(GIVEN)
+    assert "store" not in fresh.__dict__ and fresh.api_key == GIVEN
+    opened = sw.store
+    keyed = sw.with_api_key(GIVEN)
+    assert keyed.store is opened and keyed.api_key == GIVEN and sw.api_key != GIVEN
