@@ -168,20 +168,22 @@ def cmd_compact(args: argparse.Namespace) -> int:
     sweep's driver runs (exit 3)."""
     from framework.results.compaction import compact
     from framework.results.status import live_driver
+    from framework.results.store import open_store
     from framework.sweep import loader as sweep_mod
 
     if args.rows_per_file < 1:
         print(f"error: --rows-per-file must be >= 1, got {args.rows_per_file}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    sw = sweep_mod.load(Path(args.sweep), check_flags=False)
-    if (pid := live_driver(sw.store.sweep_dir / "driver.json")) is not None:
+    spec = sweep_mod.load(Path(args.sweep), check_flags=False).spec
+    store = open_store(spec.results_dir, spec.name, full=True)  # every row, to merge
+    if (pid := live_driver(store.sweep_dir / "driver.json")) is not None:
         print(f"error: the sweep's driver (pid {pid}) is running; compact once it has ended",
               file=sys.stderr)
         return EXIT_CLUSTER
-    done = compact(sw.store, args.rows_per_file)
+    done = compact(store, args.rows_per_file)
     for c in done:
         print(f"{c.table}: {c.files} per-trial files -> {c.parts} part(s), {c.rows} rows")
-    print(f"{'compacted' if done else 'nothing to compact'}: {sw.store.location}")
+    print(f"{'compacted' if done else 'nothing to compact'}: {store.location}")
     return 0
 
 

@@ -32,10 +32,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from framework.results.object_store import MANIFEST_NAME
 from framework.results.store import ResultStore
 from framework.results.store import commit_file
 
-MANIFEST = "compaction.json"
+MANIFEST = MANIFEST_NAME  # "compaction.json"
 PART_PREFIX = "part-"
 ROW_GROUP = 128 * 1024
 ROWS_PER_PART = 4_000_000

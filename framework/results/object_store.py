@@ -5,9 +5,10 @@ How: the driver works in a private staging folder (tempfile.mkdtemp: mode 0700, 
 laid out as a local results_dir, and `Mirror` publishes every file the store commits there to
 `<uri>/<sweep>/<same relative path>` (one PUT of the whole object: S3 and GCS make an object
 visible only once its upload completes, so a reader never sees a partial object). Opening the
-store (`open_store`) first downloads every object of the sweep into the new staging folder, so
-a run resumes from the bucket on any machine, and `status`, `report`, `best` read what the
-bucket holds.
+store (`open_store`) first downloads the sweep's objects into the new staging folder (but the
+request rows and server logs, which no command reads back; `compact` takes them all), so a run
+resumes from the bucket on any machine, and `status`, `report`, `best` read what the bucket
+holds.
 
 The Optuna journal (store.ResultStore.journal_path) is published before every other object
 whenever it has grown, and after every tell (runner): the bucket never holds a trial's rows
@@ -40,6 +41,8 @@ from framework.base.errors import StoreError
 from framework.config.results_location import URI
 
 STAGING_PREFIX = "vllm-sweep-results-"
+NOT_READ_BACK = ("requests/", "logs/")  # written by a run, read by analysts, never by a command
+MANIFEST_NAME = "compaction.json"  # results/compaction.py MANIFEST (which imports this module)
 
 
 def join_uri(uri: str, *parts: str) -> str:
@@ -135,17 +138,22 @@ class Mirror:
                 raise StoreError(f"{self.where(path)}: {one_line(exc)}") from None
             self._published.pop(rel, None)
 
-    def restore(self) -> int:
-        """Download every object under `<uri>/<sweep>/` into the staging folder; the count."""
+    def restore(self, skip: tuple[str, ...] = ()) -> int:
+        """Download the objects under `<uri>/<sweep>/` into the staging folder, but those whose
+        path starts with one of `skip` (unless a compaction manifest is there: its files are
+        all needed); the count."""
         count = 0
         with self._lock:
             try:
-                infos = self._fs.get_file_info(pafs.FileSelector(self._base, recursive=True,
-                                                                 allow_not_found=True))
-                for info in infos:
-                    if info.type != pafs.FileType.File:
+                infos = [i for i in self._fs.get_file_info(pafs.FileSelector(
+                    self._base, recursive=True, allow_not_found=True))
+                    if i.type == pafs.FileType.File]
+                rels = [info.path[len(self._base) + 1:] for info in infos]
+                if MANIFEST_NAME in rels:
+                    skip = ()
+                for info, rel in zip(infos, rels):
+                    if skip and rel.startswith(skip):
                         continue
-                    rel = info.path[len(self._base) + 1:]
                     target = self.sweep_dir / rel
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with self._fs.open_input_stream(info.path) as src:
@@ -172,13 +180,15 @@ class Mirror:
         return None
 
 
-def open_mirror(uri: str, sweep: str) -> Mirror:
+def open_mirror(uri: str, sweep: str, full: bool = False) -> Mirror:
     """A new mirror of sweep `sweep` at `uri`: a new private staging folder (removed when the
-    process exits), restored from the store."""
+    process exits), restored from the store: all of it with `full`, else without the request
+    rows and server logs (NOT_READ_BACK), which no command reads back and which are most of a
+    large sweep's bytes."""
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX))
     try:
         mirror = Mirror(uri, sweep, staging)
-        mirror.restore()
+        mirror.restore(() if full else NOT_READ_BACK)
     except StoreError:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -229,12 +229,13 @@ class ResultStore:
         return _read_folder(self.trial_path(0).parent)
 
 
-def open_store(results_dir: Path | str, sweep: str) -> ResultStore:
+def open_store(results_dir: Path | str, sweep: str, full: bool = False) -> ResultStore:
     """The store of sweep `sweep` under `results_dir`: a local folder, or an object store URI
-    (object_store.is_store_uri) whose sweep is first downloaded into a new staging folder."""
+    whose sweep is first downloaded into a new staging folder (object_store.open_mirror: with
+    `full`, its request rows and logs too)."""
     if isinstance(results_dir, Path):
         return ResultStore(results_dir, sweep)
-    mirror = open_mirror(results_dir, sweep)
+    mirror = open_mirror(results_dir, sweep, full)
     store = ResultStore(mirror.staging, sweep, mirror)
     from framework.results import compaction  # imports this module
 

@@ -92,7 +92,7 @@ def test_a_new_opening_finds_every_file(location, columns, tmp_path):
     store.log_path(3).write_text("server log\n")
     store.publish(store.log_path(3))
 
-    again = open_store(location, SWEEP)
+    again = open_store(location, SWEEP, full=True)
     assert again.trial_numbers() == {3}
     assert again.journal_path.read_bytes() == b'{"op_code": 0}\n'
     assert again.log_path(3).read_text() == "server log\n"
@@ -102,6 +102,10 @@ def test_a_new_opening_finds_every_file(location, columns, tmp_path):
         assert again.root != store.root and again.root.name.startswith(STAGING_PREFIX)
         assert again.where(again.log_path(3)) == f"{location}/{SWEEP}/logs/trial-00003.log"
         assert again.location == f"{location}/{SWEEP}"
+        # what every command but `compact` opens: no request rows or logs, which none reads
+        light = open_store(location, SWEEP)
+        assert light.trial_numbers() == {3} and light.journal_path.is_file()
+        assert not light.requests_path(3).exists() and not light.log_path(3).exists()
     else:
         assert again.where(again.log_path(3)) == str(store.log_path(3))
 
