@@ -94,12 +94,14 @@ class Mirror:
 
     def publish(self, path: Path, before: Path | None = None) -> None:
         """Upload the staged file `path` (whole, one object); first `before` (the journal), if
-        it exists and changed since it was last sent."""
+        it exists and changed since it was last sent, up to its last whole line (it is read
+        without the writers' lock: a record being appended is left for the next upload, so a
+        driver that resumes from the object never appends to a torn line)."""
         with self._lock:
             if before is not None and before.is_file():
                 rel = self._relative(before)
                 if before.stat().st_size != self._published.get(rel):
-                    self._upload(before, rel)
+                    self._upload(before, rel, whole_lines=True)
             if path != before:
                 self._upload(path, self._relative(path))
 
@@ -115,8 +117,10 @@ class Mirror:
                     sent += 1
         return sent
 
-    def _upload(self, path: Path, rel: str) -> None:
+    def _upload(self, path: Path, rel: str, whole_lines: bool = False) -> None:
         data = path.read_bytes()
+        if whole_lines:
+            data = data[:data.rfind(b"\n") + 1]
         try:
             with self._fs.open_output_stream(f"{self._base}/{rel}") as out:
                 out.write(data)

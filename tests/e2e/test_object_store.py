@@ -125,10 +125,10 @@ def test_the_journal_reaches_the_bucket_before_the_rows_that_need_it(s3, columns
     sizes = []
     real_upload = store.mirror._upload
 
-    def upload(path: Path, rel: str) -> None:  # the journal's size in the bucket at each upload
-        info = fs.get_file_info(journal_key)
+    def upload(path: Path, rel: str, whole_lines: bool = False) -> None:  # the journal's size
+        info = fs.get_file_info(journal_key)  # in the bucket at each upload
         sizes.append((rel, info.size if info.type == pafs.FileType.File else None))
-        real_upload(path, rel)
+        real_upload(path, rel, whole_lines)
 
     monkeypatch.setattr(store.mirror, "_upload", upload)
     store.write_trial(make_row(columns, 0), columns)
@@ -138,6 +138,10 @@ def test_the_journal_reaches_the_bucket_before_the_rows_that_need_it(s3, columns
     store.journal_path.write_bytes(b"remembered\ntold\n")
     store.publish_journal()
     assert sizes[2:] == [("optuna.journal", 11)]
+    assert fs.open_input_stream(journal_key).read() == b"remembered\ntold\n"
+    # a record half appended when the journal is read: the bucket gets the whole lines only
+    store.journal_path.write_bytes(b"remembered\ntold\n{\"op_code\": 5, \"tri")
+    store.publish_journal()
     assert fs.open_input_stream(journal_key).read() == b"remembered\ntold\n"
 
 
