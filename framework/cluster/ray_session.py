@@ -8,6 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import ray
 from ray.job_config import JobConfig
 
@@ -20,6 +21,31 @@ from framework.engine import run_folder
 # own address. Not 127.0.0.1, which Ray replaces with the machine's address
 # (ray/_private/services.py, resolve_ip_for_localhost).
 LOCAL_NODE_IP = "127.0.0.100"
+
+
+# Ray 2.60 gives a starting node 30 s to register its raylet with the GCS, a fixed wait
+# (ray/_private/node.py, `raylet_start_wait_time_s = 30`), then raises STARTUP_TIMEOUT; on a
+# machine whose cores are busy (measured: two lanes of tests and two CPU burners on 2 cores) a
+# private Ray can miss it. Such a start is retried, from a new temp dir, up to START_ATTEMPTS.
+STARTUP_TIMEOUT = "timed out during startup"
+START_ATTEMPTS = 3
+
+
+def end_partial_start(temp_dir: str) -> list[int]:
+    """SIGKILL this process's descendants that a failed ray.init left running in `temp_dir`
+    (GCS, raylet, dashboard agent, monitors: each names the temp dir on its command line);
+    their pids."""
+    ray.shutdown()
+    ended: list[psutil.Process] = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(temp_dir in arg for arg in child.cmdline()):
+                child.kill()
+                ended.append(child)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(ended, timeout=10)
+    return [p.pid for p in ended]
 
 
 @dataclass
@@ -62,15 +88,19 @@ class RaySession:
         job = JobConfig(metadata={SESSION_VAR: session}) if session else None
         if self.is_local:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            self._temp_dir = self._private_temp_dir()
-            try:
-                ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count(),
-                         num_gpus=self.num_gpus, _node_ip_address=LOCAL_NODE_IP,
-                         include_dashboard=False, _temp_dir=self._temp_dir, log_to_driver=False,
-                         logging_level="WARNING", job_config=job)
-            except Exception as exc:  # noqa: BLE001 - any failure to start Ray is the cluster error
-                self._remove_temp_dir()
-                raise ClusterError(f"could not start a local Ray: {exc}") from None
+            for attempt in range(1, START_ATTEMPTS + 1):
+                self._temp_dir = self._private_temp_dir()
+                try:
+                    ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count(),
+                             num_gpus=self.num_gpus, _node_ip_address=LOCAL_NODE_IP,
+                             include_dashboard=False, _temp_dir=self._temp_dir,
+                             log_to_driver=False, logging_level="WARNING", job_config=job)
+                    break
+                except Exception as exc:  # noqa: BLE001 - any failure to start Ray is the cluster error
+                    end_partial_start(self._temp_dir)
+                    self._remove_temp_dir()
+                    if attempt == START_ATTEMPTS or STARTUP_TIMEOUT not in str(exc):
+                        raise ClusterError(f"could not start a local Ray: {exc}") from None
         else:
             try:
                 ray.init(address=self.address or "auto", log_to_driver=False,
