@@ -134,25 +134,28 @@ def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float) -> No
     pytest.fail(f"dashboard at {url} not up within {timeout_s:.0f} s: {last}")
 
 
-def ray_job(args: list[str], env: dict[str, str],
-            timeout_s: float = 90) -> subprocess.CompletedProcess:
+def ray_job(args: list[str], env: dict[str, str], timeout_s: float = 90,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([RAY, "job", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
+                          timeout=timeout_s, cwd=cwd)
 
 
 NO_AGENT = "No available agent"  # the head's dashboard agent not registered yet
 
 
 def submit_job(dashboard: str, job_dir: Path, job_id: str, env: dict[str, str],
-               timeout_s: float, sweep: str = "sweep.yaml") -> subprocess.CompletedProcess:
+               timeout_s: float, sweep: str = "sweep.yaml", runtime_env: dict | None = None,
+               from_dir: bool = False) -> subprocess.CompletedProcess:
     """`ray job submit --no-wait`, retried while the dashboard answers but the head's dashboard
     agent has not registered yet (HTTP 500 "No available agent to submit job"), which happens for
-    a few seconds after the dashboard's /api/version is up."""
-    argv = ["submit", "--address", dashboard, "--working-dir", str(job_dir),
-            "--submission-id", job_id, "--no-wait", "--", "vllm-sweep", "run", sweep]
+    a few seconds after the dashboard's /api/version is up. `from_dir`: run in `job_dir` with
+    `--working-dir .`, as a user types it; `runtime_env`: given as --runtime-env-json."""
+    extra = ["--runtime-env-json", json.dumps(runtime_env)] if runtime_env else []
+    argv = ["submit", "--address", dashboard, "--working-dir", "." if from_dir else str(job_dir),
+            *extra, "--submission-id", job_id, "--no-wait", "--", "vllm-sweep", "run", sweep]
     deadline = time.monotonic() + timeout_s
     while True:
-        out = ray_job(argv, env, timeout_s=120)
+        out = ray_job(argv, env, timeout_s=120, cwd=job_dir if from_dir else None)
         if (out.returncode == 0 or NO_AGENT not in out.stdout + out.stderr
                 or time.monotonic() > deadline):
             return out
@@ -366,18 +369,9 @@ def test_ray_job_submit_as_written_with_results_in_a_bucket(tiny_model, job_clus
     (repo / "sweeps" / "s3.yaml").write_text(yaml.safe_dump(spec))
     (repo / ".gitignore").write_text("/models\n/results/\n")
     job_id = f"vsweep-s3-{c.marker[:8]}"
-    runtime_env = json.dumps({"env_vars": s3.env})  # the job's driver reaches the bucket
-    argv = ["submit", "--address", c.dashboard, "--working-dir", ".", "--runtime-env-json",
-            runtime_env, "--submission-id", job_id, "--no-wait", "--", "vllm-sweep", "run",
-            "sweeps/s3.yaml"]
-    deadline = time.monotonic() + 240
-    while True:  # the head's dashboard agent may not be registered yet (submit_job)
-        out = subprocess.run([RAY, "job", *argv], cwd=repo, env=c.env, capture_output=True,
-                             text=True, timeout=120)
-        if out.returncode == 0 or NO_AGENT not in out.stdout + out.stderr \
-                or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    out = submit_job(c.dashboard, repo, job_id, c.env, timeout_s=240, sweep="sweeps/s3.yaml",
+                     runtime_env={"env_vars": s3.env},  # the job's driver reaches the bucket
+                     from_dir=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status = wait_terminal(c.dashboard, job_id, timeout_s=480)
     logs = job_logs(c.dashboard, job_id)
