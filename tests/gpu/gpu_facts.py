@@ -283,8 +283,9 @@ def role_holder(nbytes: int) -> None:
     time.sleep(3600)
 
 
-def _step(name: str, **values: Any) -> None:
-    print(json.dumps({"step": name, **values}), flush=True)
+def _step(step: str, /, **values: Any) -> None:
+    """Print one step's line (`values` may hold a `name`: the device's), wait for the driver."""
+    print(json.dumps({"step": step, **values}), flush=True)
     sys.stdin.readline()  # the driver has read the device's free memory
 
 
@@ -349,12 +350,17 @@ class Proc:
         self.popen.stdin.write(text.encode() + b"\n")
         self.popen.stdin.flush()
 
-    def stderr_tail(self) -> str:
-        """The last line of its stderr (only once it has exited)."""
-        if self.popen.poll() is None or self.popen.stderr is None:
+    def stderr_tail(self, wait_s: float = 10.0) -> str:
+        """The last line of its stderr once it has exited (a process whose stdout closed may
+        take a moment to exit: wait up to wait_s); if it still runs, say so."""
+        if self.popen.stderr is None:
             return ""
+        try:
+            code = self.popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return f"still running {wait_s:.0f} s later, no line"
         lines = self.popen.stderr.read().decode(errors="replace").strip().splitlines()
-        return lines[-1][:300] if lines else ""
+        return f"exit {code}: " + (lines[-1][:300] if lines else "no stderr")
 
     def end(self) -> None:
         if self.popen.poll() is None:

@@ -183,3 +183,28 @@ def test_a_probe_that_dies_fails_its_checks_as_not_measured(monkeypatch):
     checks = _probe(monkeypatch, context=int(0.5 * GIB), non_torch=0, workspace=0, steps=1)
     assert not any(c.ok for c in checks.values())
     assert all("not measured" in c.measured and "died" in c.measured for c in checks.values())
+
+
+def test_a_probe_step_line_carries_the_device_name(monkeypatch, capsys):
+    """The probe's context step reports the device's `name` beside the step's: a keyword that
+    once collided with _step's own parameter (the probe died on the first GPU run, session 18)."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
+    gpu_facts._step("context", name="NVIDIA H200", reserved=2 * MIB)
+    line = json.loads(capsys.readouterr().out)
+    assert line == {"step": "context", "name": "NVIDIA H200", "reserved": 2 * MIB}
+
+
+def test_a_role_that_dies_is_reported_with_its_exit_and_last_stderr_line():
+    code = "import sys; print('first', flush=True); sys.stdout.close(); sys.exit('boom: died')"
+    proc = gpu_facts.Proc.__new__(gpu_facts.Proc)  # its reader, over a process that dies
+    proc._buf = b""
+    proc.popen = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    try:
+        assert proc.readline(60) == "first"
+        assert proc.readline(60) is None  # EOF
+        assert proc.stderr_tail() == "exit 1: boom: died"
+    finally:
+        proc.end()
