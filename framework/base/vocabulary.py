@@ -139,7 +139,7 @@ _UNITS: dict[str, str] = {
                      "prefix_cache_hit_rate", "objective_cv", "precision_target",
                      "ci95_halfwidth", "ci95_halfwidth_within", "ci95_halfwidth_server",
                      "token_agreement", "quality_baseline_agreement", "quality_required",
-                     "min_token_agreement"),
+                     "min_token_agreement", "engine_share_min"),
                     PERCENT),
     **dict.fromkeys(("total_input_tokens", "total_output_tokens", "est_kv_tokens_capacity",
                      "prompt_tokens", "output_tokens"), "tok"),

@@ -38,18 +38,58 @@ Bundle = dict[str, float]
 
 @dataclass(frozen=True)
 class Shape:
+    """A server's parallelism: TP x PP workers per engine (vLLM's world size), DP engines
+    (vLLM's own data parallel: one API server in front, requests balanced between engines
+    inside vLLM, vllm/v1/engine/core_client.py DPLBAsyncMPClient)."""
+
     tp: int = 1
     pp: int = 1
+    dp: int = 1
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
 
+    @property
+    def devices(self) -> int:
+        """Workers (GPUs, or CPU bundles) of the whole server: TP x PP x DP."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def label(self) -> str:
+        """`TP2xPP1`, with `xDP2` when data parallel: the report's shape column."""
+        return f"TP{self.tp}xPP{self.pp}" + (f"xDP{self.dp}" if self.dp > 1 else "")
+
 
 def shape_of(flags: Mapping[str, Scalar | None]) -> Shape:
-    """TP and PP from the trial's vLLM flags (absent = 1)."""
+    """TP, PP and DP from the trial's vLLM flags (absent = 1)."""
     return Shape(tp=int(flags.get("tensor-parallel-size") or 1),
-                 pp=int(flags.get("pipeline-parallel-size") or 1))
+                 pp=int(flags.get("pipeline-parallel-size") or 1),
+                 dp=int(flags.get("data-parallel-size") or 1))
+
+
+def data_parallel_problem(engine: str, shape: Shape) -> str | None:
+    """Why a data-parallel server (DP > 1) cannot run in a trial's placement group (None: it
+    can, or DP = 1). Pure.
+    - CPU engine, TP x PP = 1: vLLM starts the DP engines as processes of the server's node
+      (vllm/v1/engine/utils.py, CoreEngineProcManager; the default `data-parallel-backend
+      mp`), so the group is DP bundles on one node (`node_unit`): supported;
+    - TP x PP > 1 with DP: each engine would need a Ray executor of its own in the same group
+      (vLLM's Ray DP backend makes placement groups of its own): not supported;
+    - GPU engine: each DP engine takes CUDA_VISIBLE_DEVICES slices of the devices its parent
+      sees (vllm/v1/engine/utils.py, set_device_control_env_var), and the server actor holds
+      one bundle's GPU: not supported until cluster/devices.py models it (#36)."""
+    if shape.dp <= 1:
+        return None
+    if shape.world_size > 1:
+        return (f"data-parallel-size {shape.dp} with TP {shape.tp} x PP {shape.pp} > 1 is not "
+                "supported: each data-parallel engine would need its own Ray executor "
+                "(vLLM's Ray DP backend places groups of its own)")
+    if engine != "cpu":
+        return (f"data-parallel-size {shape.dp} is supported on the CPU engine only: on GPUs "
+                "each engine slices CUDA_VISIBLE_DEVICES of a server actor that holds one "
+                "bundle's GPU (#36)")
+    return None
 
 
 def executor_problem(backend: str | None, shape: Shape, data_parallel: int = 1) -> str | None:
@@ -62,12 +102,11 @@ def executor_problem(backend: str | None, shape: Shape, data_parallel: int = 1) 
       Ray worker asks for a GPU in that same bundle: it never starts;
     - uni at TP x PP > 1: vLLM's uniprocess executor starts rank 0 alone, which waits for the
       other ranks of its process group forever;
-    - data-parallel-size > 1: the group has TP x PP bundles, one replica's (`bundles`).
+    - data-parallel-size > 1: `data_parallel_problem` (GPU engine).
     cluster/devices.py `problems` shows what each refused layout would do (#32)."""
     world = shape.world_size
     if data_parallel > 1:
-        return (f"data-parallel-size {data_parallel} is not supported yet: a trial's placement "
-                f"group holds TP x PP = {world} GPUs, one replica's (#32)")
+        return data_parallel_problem("gpu", Shape(shape.tp, shape.pp, data_parallel))
     if backend == "mp" and world > 1:
         return (f"the mp executor at TP {shape.tp} x PP {shape.pp} = {world} workers would take "
                 f"physical GPUs 0..{world - 1}, other trials' (the server actor holds no GPU and "
@@ -84,20 +123,31 @@ def executor_problem(backend: str | None, shape: Shape, data_parallel: int = 1) 
     return None
 
 
-def bundles(shape: Shape, engine: str, cpus_per_worker: int) -> list[Bundle]:
-    """One bundle per worker. GPU engine: {GPU: 1} (+1 CPU in bundle 0 for the server actor);
-    CPU engine: {CPU: cpus_per_worker} (the server actor shares bundle 0's CPUs)."""
+def shape_problem(engine: str, backend: str | None, shape: Shape) -> str | None:
+    """Why a server of this shape cannot run in a trial's placement group on `engine` (None:
+    it can): executor_problem on GPUs (and on FakeEngine's fake GPUs), data_parallel_problem
+    on the CPU engine, whose executor vllm-sweep chooses."""
     if engine == "cpu":
-        return [{"CPU": float(cpus_per_worker)} for _ in range(shape.world_size)]
-    out: list[Bundle] = [{"GPU": 1.0} for _ in range(shape.world_size)]
+        return data_parallel_problem(engine, shape)
+    return executor_problem(backend, Shape(shape.tp, shape.pp), shape.dp)
+
+
+def bundles(shape: Shape, engine: str, cpus_per_worker: int) -> list[Bundle]:
+    """One bundle per worker of every engine (TP x PP x DP). GPU engine: {GPU: 1} (+1 CPU in
+    bundle 0 for the server actor); CPU engine: {CPU: cpus_per_worker} (the server actor shares
+    bundle 0's CPUs)."""
+    if engine == "cpu":
+        return [{"CPU": float(cpus_per_worker)} for _ in range(shape.devices)]
+    out: list[Bundle] = [{"GPU": 1.0} for _ in range(shape.devices)]
     out[0] = {"GPU": 1.0, "CPU": 1.0}
     return out
 
 
 def node_unit(shape: Shape) -> int:
-    """Consecutive bundles that must share a node: the whole group when PP = 1 (its TP ranks),
-    one stage (TP bundles) when PP > 1."""
-    return shape.world_size if shape.pp == 1 else shape.tp
+    """Consecutive bundles that must share a node: the whole group when PP = 1 (its TP ranks,
+    or its DP engines: vLLM starts them on the server's node), one stage (TP bundles) when
+    PP > 1."""
+    return shape.devices if shape.pp == 1 else shape.tp
 
 
 def _units(wanted: Sequence[Bundle], unit: int) -> list[Bundle]:

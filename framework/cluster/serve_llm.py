@@ -3,8 +3,10 @@
 (ray.serve.llm.LLMServingArgs: every LLMConfig, its deployment_config through Serve's
 DeploymentConfig, accelerator_type among Ray's types), and each LLMConfig's engine kwargs as
 Ray Serve LLM hands them to vLLM (LLMConfig.get_engine_config: every key an AsyncEngineArgs or
-FrontendArgs field; get_initialization_kwargs). Nothing is started and no model is read.
-Importing ray.serve.llm imports vLLM."""
+FrontendArgs field; get_initialization_kwargs). A data-parallel application
+(`build_dp_openai_app`) is checked by its own args model (DPOpenAiServingArgs) and the options
+its DPServer deployment would get (the DP size, the replicas as DP groups). Nothing is started
+and no model is read. Importing ray.serve.llm imports vLLM."""
 
 from __future__ import annotations
 
@@ -29,13 +31,24 @@ def check_ray_serve_config(doc: Mapping[str, object], where: str = "ray-serve co
         raise ConfigError(where, "applications", "", _first_line(exc)) from exc
     for app in schema.applications:
         try:
-            args = LLMServingArgs.model_validate(app.args)
-            for config in args.llm_configs:
+            for config in _llm_configs(app.import_path, app.args, LLMServingArgs):
                 config.get_engine_config().get_initialization_kwargs()
                 checked += 1
         except (ValueError, TypeError) as exc:
             raise ConfigError(where, f"applications.{app.name}.args", "", _first_line(exc)) from exc
     return checked
+
+
+def _llm_configs(import_path: str, args: object, serving_args: type) -> list:
+    """The LLMConfigs of one application's builder args, by its builder."""
+    if import_path.endswith(":build_dp_openai_app"):
+        from ray.llm._internal.serve.serving_patterns.data_parallel.builder import DPOpenAiServingArgs
+        from ray.llm._internal.serve.serving_patterns.data_parallel.dp_server import DPServer
+
+        config = DPOpenAiServingArgs.model_validate(args).llm_config
+        DPServer.get_deployment_options(config)  # the DP size and replicas as Serve takes them
+        return [config]
+    return list(serving_args.model_validate(args).llm_configs)  # type: ignore[attr-defined]
 
 
 def _first_line(exc: Exception) -> str:

@@ -133,7 +133,8 @@ async def _serve(args: argparse.Namespace) -> None:
     ttft = _env_float("FAKE_ENGINE_TTFT_MS", 20.0) / 1000
     tpot = _env_float("FAKE_ENGINE_TPOT_MS", 5.0) / 1000
     slots = asyncio.Semaphore(args.max_num_seqs or 128)
-    counters = {"running": 0, "waiting": 0, "generated": 0, "queries": 0, "hits": 0}
+    counters = {"running": 0, "waiting": 0, "generated": 0, "queries": 0, "hits": 0,
+                "finished": 0}
     cached: set[str] = set()  # prompts seen: a whole-prompt prefix cache
     caching = args.enable_prefix_caching is not False
 
@@ -146,7 +147,10 @@ async def _serve(args: argparse.Namespace) -> None:
                 f"vllm:generation_tokens_total {counters['generated']}\n"
                 f"vllm:prefix_cache_queries_total {counters['queries']}\n"
                 f"vllm:prefix_cache_hits_total {counters['hits']}\n"
-                "vllm:kv_cache_usage_perc 0.0\nvllm:num_preemptions_total 0\n")
+                "vllm:kv_cache_usage_perc 0.0\nvllm:num_preemptions_total 0\n"
+                # one engine, labelled as vLLM labels each (vllm/v1/metrics/loggers.py)
+                'vllm:request_success_total{engine="0",finished_reason="length"} '
+                f"{counters['finished']}\n")
         return web.Response(text=text, content_type="text/plain")
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -179,6 +183,7 @@ async def _serve(args: argparse.Namespace) -> None:
         usage = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_out,
                                           "total_tokens": prompt_tokens + n_out}}
         await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        counters["finished"] += 1
         return resp
 
     @web.middleware

@@ -87,6 +87,7 @@ class _Settings:
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     capture_sizes: tuple[int, ...] = ()
     block_size: int = BLOCK_SIZE
+    dp: int = 1  # data-parallel engines, each with TP x PP workers of its own memory
 
 
 def _normalized(flags: Mapping[str, FlagValue]) -> dict[str, bool | int | float | str]:
@@ -168,7 +169,8 @@ def _settings(m: ModelFacts, flags: Mapping[str, FlagValue],
         chunked_prefill=chunked, dtype=str(f.get("dtype", "auto")),
         kv_cache_dtype=str(f.get("kv-cache-dtype", "auto")),
         quantization=str(quant) if quant is not None else None, cudagraph_mode=mode,
-        capture_sizes=sizes, block_size=int(f.get("block-size", BLOCK_SIZE)))
+        capture_sizes=sizes, block_size=int(f.get("block-size", BLOCK_SIZE)),
+        dp=int(f.get("data-parallel-size", 1)))
 
 
 def _gib(x: float) -> str:
@@ -183,8 +185,10 @@ def _static_rules(m: ModelFacts, s: _Settings, num_devices: int | None) -> list[
     if not 1 <= s.pp <= info.num_layers:
         reasons.append(f"pipeline parallel size {s.pp} is outside 1..{info.num_layers} "
                        "(the model's layers)")
-    if num_devices is not None and tp * pp > num_devices:
-        reasons.append(f"TP {tp} x PP {pp} = {tp * pp} workers, but only {num_devices} "
+    dp = max(1, s.dp)
+    if num_devices is not None and tp * pp * dp > num_devices:
+        shape = f"TP {tp} x PP {pp}" + (f" x DP {dp}" if dp > 1 else "")
+        reasons.append(f"{shape} = {tp * pp * dp} workers, but only {num_devices} "
                        "devices are available")
     model_max = info.max_position_embeddings
     if s.max_model_len is not None and model_max and s.max_model_len > model_max:

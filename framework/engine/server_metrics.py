@@ -36,9 +36,14 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
+SUCCESS = "vllm:request_success_total"  # per engine (label `engine`) and finished_reason
 WATCHED: tuple[str, ...] = (
-    KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, QUEUE_SUM, QUEUE_COUNT
+    KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, QUEUE_SUM, QUEUE_COUNT,
+    SUCCESS,
 )
+ENGINE_SEP = "@engine="
+"""Per-engine keys of a sample: `vllm:request_success_total@engine=1` (vLLM labels every
+metric of each data-parallel engine with `engine`, vllm/v1/metrics/loggers.py)."""
 
 # The summary's keys and their column kinds (framework.results.store), in row order.
 SERVER_METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -50,6 +55,8 @@ SERVER_METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("running_requests_max", "int"),
     ("queue_time_mean_s", "float"),
     ("metrics_samples", "int"),
+    ("engines_served", "int"),
+    ("engine_share_min", "float"),
 )
 
 DEFAULT_INTERVAL_S = 0.5
@@ -87,7 +94,22 @@ def parse_metrics(text: str) -> dict[str, float]:
                 values[KV_USAGE] = max(values.get(KV_USAGE, sample.value), sample.value)
             else:
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            if sample.name == SUCCESS and "engine" in sample.labels:
+                key = f"{SUCCESS}{ENGINE_SEP}{sample.labels['engine']}"
+                values[key] = values.get(key, 0.0) + sample.value
     return values
+
+
+def engine_shares(samples: Sequence[Sample]) -> dict[str, float]:
+    """Each engine's requests finished during the samples (delta of its
+    vllm:request_success_total), keyed by its `engine` label; engines absent from both ends
+    left out. Pure."""
+    names = {k for s in samples for k in s.values if k.startswith(SUCCESS + ENGINE_SEP)}
+    out = {}
+    for name in sorted(names):
+        if (d := _delta(samples, name)) is not None:
+            out[name.split(ENGINE_SEP, 1)[1]] = d
+    return out
 
 
 def _delta(samples: Sequence[Sample], name: str) -> float | None:
@@ -110,6 +132,9 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
       (None if no request left the queue in the run)
     - metrics_samples: the samples taken during the load (not `bracket`): the gauges' peaks
       rest on these alone
+    - engines_served: engines whose finished requests grew in the run (a data-parallel
+      server's engines that served; 1 for a single engine); engine_share_min: the smallest
+      engine's share of the finished requests (1/DP when balanced; None if none finished)
     Counter deltas need two samples; a counter that went down (server restart) counts 0.
     """
 
@@ -124,6 +149,8 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
     hits = _delta(samples, PREFIX_HITS)
     queue_sum = _delta(samples, QUEUE_SUM)
     queue_count = _delta(samples, QUEUE_COUNT)
+    shares = engine_shares(samples)
+    finished = sum(shares.values())
     return {
         "kv_cache_usage_max": max(kv) if kv else None,
         "kv_cache_usage_mean": sum(kv) / len(kv) if kv else None,
@@ -134,6 +161,8 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
         "queue_time_mean_s": (queue_sum / queue_count
                               if queue_count and queue_sum is not None else None),
         "metrics_samples": sum(1 for s in samples if not s.bracket),
+        "engines_served": sum(1 for d in shares.values() if d > 0) if shares else None,
+        "engine_share_min": min(shares.values()) / finished if finished else None,
     }
 
 

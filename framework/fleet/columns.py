@@ -36,16 +36,18 @@ class Target:
 @dataclass(frozen=True)
 class Sizing:
     """What fleet_values sizes a configuration with: the target (None: no fleet), a replica's
-    price (None: no cost) and its TP x PP."""
+    price (None: no cost) and its TP x PP x DP."""
 
     target: Target | None
     price: Price | None
     tp: int = 1
     pp: int = 1
+    dp: int = 1
 
 
 def fleet_values(metrics: Mapping[str, float | None], target: Target | None,
-                 price: Price | None, tp: int = 1, pp: int = 1) -> dict[str, object]:
+                 price: Price | None, tp: int = 1, pp: int = 1, dp: int = 1
+                 ) -> dict[str, object]:
     """The FLEET_COLUMNS of a trial measured as `metrics` (empty when it measured nothing),
     with replicas of TP x PP devices."""
     per_hour = None if price is None else price.per_replica_hour
@@ -55,17 +57,17 @@ def fleet_values(metrics: Mapping[str, float | None], target: Target | None,
                cost_per_mtok_total=cost_per_mtok(per_hour, metrics.get("total_token_throughput")))
     if target is not None:
         fleet = fleet_for(target.rps, metrics.get("capacity_rps"), headroom=target.headroom,
-                          tp=tp, pp=pp, price_per_replica_hour=per_hour)
+                          tp=tp, pp=pp, dp=dp, price_per_replica_hour=per_hour)
         out.update(target_rps=target.rps, replicas_for_target=fleet.replicas,
                    gpus_for_target=fleet.gpus, cost_per_hour_for_target=fleet.cost_per_hour)
     return out
 
 
 def with_objectives(runs: list[dict[str, float]], target: Target | None, price: Price | None,
-                    tp: int = 1, pp: int = 1) -> list[dict[str, float]]:
+                    tp: int = 1, pp: int = 1, dp: int = 1) -> list[dict[str, float]]:
     """Each run's metrics plus the fleet objectives (base.vocabulary.FLEET_OBJECTIVES) that
     have a value in every run: what trial.objective evaluates. One left out has no value."""
-    values = [fleet_values(r, target, price, tp, pp) for r in runs]
+    values = [fleet_values(r, target, price, tp, pp, dp) for r in runs]
     known = [m for m in FLEET_OBJECTIVES if all(v[m] is not None for v in values)]
     return [{**r, **{m: float(v[m]) for m in known}}  # type: ignore[arg-type]
             for r, v in zip(runs, values)]

@@ -52,6 +52,10 @@ from dataclasses import field
 from framework.base.vocabulary import Scalar
 
 RAY_SERVE_BUILDER = "ray.serve.llm:build_openai_app"
+# vLLM's data parallel as Ray Serve LLM runs it: one Serve replica per DP rank, gang-scheduled
+# (ray/llm/_internal/serve/serving_patterns/data_parallel/builder.py, DPOpenAiServingArgs;
+# dp_server.py: num_replicas counts DP groups and is multiplied by data_parallel_size).
+RAY_SERVE_DP_BUILDER = "ray.serve.llm:build_dp_openai_app"
 DEFAULT_PORT = 8000
 # memory_model.GPUS name -> Ray's accelerator type (ray/util/accelerators/accelerators.py)
 RAY_ACCELERATORS = {
@@ -149,6 +153,12 @@ class Deployment:
     api_key_secret: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     size: PodSize | None = None
+    dp: int = 1  # vLLM's data-parallel-size: DP engines in the one pod
+
+    @property
+    def devices(self) -> int:
+        """Devices of one replica (pod): TP x PP x DP."""
+        return self.tp * self.pp * self.dp
 
 
 def image_for(engine: str, version: str | None) -> str:
@@ -253,7 +263,9 @@ def engine_kwargs(flags: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
 
 
 def ray_serve_app(d: Deployment) -> dict[str, object]:
-    """The `serve run` config of one Ray Serve LLM application serving `d`."""
+    """The `serve run` config of one Ray Serve LLM application serving `d`: build_openai_app's
+    llm_configs, or with data-parallel-size > 1 build_dp_openai_app's llm_config (its
+    num_replicas: DP groups)."""
     llm: dict[str, object] = {
         "model_loading_config": {"model_id": d.served_name, "model_source": d.model},
         "engine_kwargs": engine_kwargs(d.flags),
@@ -263,9 +275,13 @@ def ray_serve_app(d: Deployment) -> dict[str, object]:
         llm["accelerator_type"] = RAY_ACCELERATORS[d.gpu]
     elif d.engine != "gpu":
         llm["accelerator_config"] = {"kind": "cpu"}
+    args: dict[str, object]
+    if d.dp > 1:
+        builder, args = RAY_SERVE_DP_BUILDER, {"llm_config": llm}
+    else:
+        builder, args = RAY_SERVE_BUILDER, {"llm_configs": [llm]}
     return {"applications": [{"name": dns_name(d.name), "route_prefix": "/",
-                              "import_path": RAY_SERVE_BUILDER,
-                              "args": {"llm_configs": [llm]}}]}
+                              "import_path": builder, "args": args}]}
 
 
 _OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -312,7 +328,7 @@ def k8s_manifests(d: Deployment) -> list[dict[str, object]]:
     """[Deployment, Service] (apps/v1, v1) for `d` (module docstring)."""
     name = dns_name(d.name)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "vllm-sweep"}
-    devices = d.tp * d.pp
+    devices = d.devices
     source = d.source or model_source(d.model)
     size = d.size or pod_size(d.engine, devices)
     amounts: dict[str, str] = {"cpu": str(size.cpu), "memory": gib(size.memory_bytes),
@@ -376,7 +392,7 @@ def k8s_notes(d: Deployment) -> list[str]:
     """What must exist before `kubectl apply`, and how the resources were sized: comment lines
     for the head of the file (no secret value in them)."""
     source = d.source or model_source(d.model)
-    size = d.size or pod_size(d.engine, d.tp * d.pp)
+    size = d.size or pod_size(d.engine, d.devices)
     lines = [f"image {d.image}"]
     if d.api_key_secret:
         lines.append(f"kubectl create secret generic {d.api_key_secret} "
@@ -391,7 +407,7 @@ def k8s_notes(d: Deployment) -> list[str]:
         where = f"folder {source.path}/ inside it" if source.path else "the model at its root"
         lines.append(f"PersistentVolumeClaim {source.claim} holding the model ({where}), "
                      f"readable by uid {UID}; mounted read-only at {MODEL_MOUNT}")
-    device = f"{d.tp * d.pp} x nvidia.com/gpu, " if d.engine == "gpu" else ""
+    device = f"{d.devices} x nvidia.com/gpu, " if d.engine == "gpu" else ""
     lines.append(f"per replica (requests = limits): {device}{size.cpu} CPU, "
                  f"{gib(size.memory_bytes)} memory (/dev/shm {gib(size.shm_bytes)} included), "
                  f"{gib(size.ephemeral_bytes)} ephemeral storage: framework/fleet/manifests.py "

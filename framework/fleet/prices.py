@@ -60,8 +60,8 @@ def read_price_file(path: Path) -> dict[str, float]:
 
 
 def resolve_price(pricing: PricingSpec, *, engine: str, gpu: str | None, tp: int = 1, pp: int = 1,
-                  file_prices: Mapping[str, float] | None = None) -> Price | None:
-    """The replica-hour price: on GPUs, the GPU-hour price x TP x PP, taken from (first found)
+                  file_prices: Mapping[str, float] | None = None, dp: int = 1) -> Price | None:
+    """The replica-hour price: on GPUs, the GPU-hour price x TP x PP x DP, taken from (first found)
     `per_gpu_hour`, `gpus[gpu]`, the price file, the table; on CPU (and FakeEngine), only the
     user's `per_replica_hour`. None when there is no price: never invented."""
     if engine != "gpu":
@@ -80,8 +80,8 @@ def resolve_price(pricing: PricingSpec, *, engine: str, gpu: str | None, tp: int
         per_gpu, source = file_prices[gpu], f"price file {pricing.file}"
     elif gpu in PRICES:
         listed = PRICES[gpu]
-        return Price(listed.per_gpu_hour * tp * pp, listed.per_gpu_hour, "USD",
+        return Price(listed.per_gpu_hour * tp * pp * dp, listed.per_gpu_hour, "USD",
                      f"{listed.provider} list price, {listed.date}: {listed.source}")
     else:
         return None
-    return Price(per_gpu * tp * pp, per_gpu, pricing.currency, source)
+    return Price(per_gpu * tp * pp * dp, per_gpu, pricing.currency, source)

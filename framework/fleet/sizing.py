@@ -47,12 +47,14 @@ class Fleet:
 
 
 def fleet_for(target_rps: float, capacity_rps: float | None, *, headroom: float = 0.0,
-              tp: int = 1, pp: int = 1, price_per_replica_hour: float | None = None) -> Fleet:
-    """Replicas, GPUs and cost per hour to carry `target_rps` with replicas of this shape."""
-    if tp < 1 or pp < 1:
-        raise ValueError(f"TP {tp} and PP {pp} must be >= 1")
+              tp: int = 1, pp: int = 1, price_per_replica_hour: float | None = None,
+              dp: int = 1) -> Fleet:
+    """Replicas, GPUs and cost per hour to carry `target_rps` with replicas of this shape
+    (TP x PP x DP devices each: a data-parallel server is one replica of DP engines)."""
+    if tp < 1 or pp < 1 or dp < 1:
+        raise ValueError(f"TP {tp}, PP {pp} and DP {dp} must be >= 1")
     replicas = replicas_for(target_rps, capacity_rps, headroom)
-    per_replica = tp * pp
+    per_replica = tp * pp * dp
     cost = None if replicas is None or price_per_replica_hour is None \
         else replicas * price_per_replica_hour
     return Fleet(target_rps=target_rps, headroom=headroom, replicas=replicas,

@@ -126,7 +126,7 @@ def entry_lines(e: Entry) -> list[str]:
     f = s.fleet
     if f is not None and f.target_rps is not None:  # a fleet always has its target
         fleet = ("no capacity measured: no fleet" if f.replicas is None else
-                 f"{f.replicas} replicas x {s.tp * s.pp} = {f.gpus} devices, "
+                 f"{f.replicas} replicas x {s.devices} = {f.gpus} devices, "
                  f"{_money(f.cost_per_hour, currency)}/hour")
         lines.append(f"  fleet for {number(f.target_rps)} req/s (headroom {f.headroom:.0%}): {fleet}")
     return lines

@@ -67,6 +67,12 @@ class Shipped:
     price: Price | None
     model_sha256: str | None
     workload_sha256: str | None
+    dp: int = 1
+
+    @property
+    def devices(self) -> int:
+        """Devices of one replica: TP x PP x DP."""
+        return self.tp * self.pp * self.dp
 
     @property
     def fleet(self) -> FleetAnswer | None:
@@ -96,11 +102,11 @@ def _text(row: pd.Series, column: str) -> str | None:
 
 def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
             run_params: Sequence[str] = (), *, target: Target | None = None,
-            price_of: Callable[[int, int], Price | None] = lambda tp, pp: None
+            price_of: Callable[[int, int, int], Price | None] = lambda tp, pp, dp: None
             ) -> Shipped | SweepVerdict:
     """The sweep's shipped configuration, or its verdict when there is nothing to ship.
     `target`: the rate the fleet carries (the loaded sweep's, or one given on the command
-    line); `price_of(tp, pp)`: a replica's price (the loaded sweep's `price`). The fleet is
+    line); `price_of(tp, pp, dp)`: a replica's price (the loaded sweep's `price`). The fleet is
     sized, as the Decision is (results.decision.sizing_row), on the configuration's least
     favourable fresh-server measurement."""
     metric = spec.objective.metric
@@ -112,16 +118,18 @@ def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
     sizing = sizing_row(trials, verdict.ship)
     tp = int(flags.get("tensor-parallel-size") or 1)
     pp = int(flags.get("pipeline-parallel-size") or 1)
-    price = price_of(tp, pp)
+    dp = int(flags.get("data-parallel-size") or 1)
+    price = price_of(tp, pp, dp)
     sized = fleet_answer(trials, verdict, currency=spec.pricing.currency,
-                         device=device_of(spec.engine), sizing=Sizing(target, price, tp, pp))
+                         device=device_of(spec.engine), sizing=Sizing(target, price, tp, pp, dp))
     return Shipped(
         sweep=spec.name, trial=verdict.ship, verdict=verdict, objective=metric, value=est,
         model=str(spec.model), flags=flags, serve_command=str(row["serve_command"]),
         engine=spec.engine, gpu=spec.gpu, hardware=_text(row, "hardware"), tp=tp, pp=pp,
         output_throughput=None if sizing is None else _float(sizing, "output_throughput"),
         sized=sized, price=price,
-        model_sha256=_text(row, "model_config_sha256"), workload_sha256=_text(row, "workload_sha256"))
+        model_sha256=_text(row, "model_config_sha256"), workload_sha256=_text(row, "workload_sha256"),
+        dp=dp)
 
 
 def served_name(s: Shipped) -> str:
@@ -141,7 +149,8 @@ def deployment(s: Shipped, image: str, *, source: ModelSource | None = None,
     return Deployment(name=s.sweep, model=s.model, served_name=served_name(s), flags=s.flags,
                       argv=(s.model, *flag_args(s.flags)), engine=s.engine, gpu=s.gpu, tp=s.tp,
                       pp=s.pp, replicas=s.fleet.replicas if s.fleet else None, image=image,
-                      source=source, api_key_secret=api_key_secret, env=env or {}, size=size)
+                      source=source, api_key_secret=api_key_secret, env=env or {}, size=size,
+                      dp=s.dp)
 
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")  # the first that matches is the checkpoint
@@ -178,7 +187,7 @@ def size_of(s: Shipped, weights: int | None, *, kv_space_gib: float = 0.0,
     """One Kubernetes replica of `s` (fleet.manifests.pod_size): `weights` in bytes; the CPU
     engine's KV cache is `kv_space_gib` (VLLM_CPU_KVCACHE_SPACE) per worker; a model `from_hub`
     is downloaded into HOME, whose size grows by the weights."""
-    workers = s.tp * s.pp
+    workers = s.devices
     kv = int(kv_space_gib * GIB) * workers if s.engine == "cpu" else 0
     return pod_size(s.engine, workers, weights_bytes=weights, kv_cache_bytes=kv,
                     node_cpus=node_cpus(s.hardware),
@@ -203,6 +212,7 @@ def as_json(s: Shipped) -> dict[str, object]:
         "gain": None if gain is None else {"value": gain.value, "ci95": [gain.low, gain.high]},
         "engine": s.engine, "gpu": s.gpu, "hardware": s.hardware,
         "tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp,
+        "data_parallel_size": s.dp,
         "capacity_rps": _finite(s.capacity_rps), "output_throughput": _finite(s.output_throughput),
         "price": None if s.price is None else {
             "per_replica_hour": s.price.per_replica_hour, "per_gpu_hour": s.price.per_gpu_hour,
@@ -212,6 +222,6 @@ def as_json(s: Shipped) -> dict[str, object]:
     if s.fleet is not None:
         f = s.fleet
         out["fleet"] = {"target_rps": f.target_rps, "headroom": f.headroom, "replicas": f.replicas,
-                        "gpus_per_replica": s.tp * s.pp, "gpus": f.gpus,
+                        "gpus_per_replica": s.devices, "gpus": f.gpus,
                         "cost_per_hour": f.cost_per_hour}
     return out

@@ -99,7 +99,8 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
         ("is_baseline", "bool"), ("confirmation_of", "int"),
     ]
     columns += [(param_column(n), _param_kind(p)) for n, p in space.parameters.items()]
-    columns += [("vllm_argv", "list<str>"), ("serve_command", "str"), ("dummy_weights", "bool"),
+    columns += [("vllm_argv", "list<str>"), ("serve_command", "str"), ("shape", "str"),
+                ("dummy_weights", "bool"),
                 ("startup_levers", "list<str>")]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in metric_names(percentiles)]
     columns += [(m, "int" if m in _INT_METRICS else "float") for m in SESSION_METRICS]
@@ -178,6 +179,7 @@ class TrialContext:
     provenance: Mapping[str, object] | None = None  # framework.results.provenance
     confirmation_of: int | None = None  # the trial this one re-measures (confirm_top)
     startup_levers: tuple[str, ...] = ()  # framework.engine.startup_levers, used by this trial
+    shape: str | None = None  # cluster.placement.Shape.label: TP x PP (x DP)
     fleet: Mapping[str, object] | None = None  # fleet.columns.fleet_values
 
 
@@ -204,6 +206,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
         "confirmation_of": ctx.confirmation_of,
         "vllm_argv": list(outcome.argv),
         "serve_command": ctx.serve_command,
+        "shape": ctx.shape,
         "dummy_weights": _flag_value(outcome.argv, "--load-format") == "dummy",
         "startup_levers": [] if outcome.server_reused else list(ctx.startup_levers),
         "vllm_version": ctx.vllm_version,

@@ -11,9 +11,9 @@ trial fail is a ConfigError here, not a sweep of failed trials:
 - a results location that is not a writable directory; a workload.tokenizer folder without
   tokenizer.json;
 - cluster.start_ahead on the GPU engine (its trials already run side by side on free GPUs);
-- on the GPU engine, a distributed-executor-backend or data-parallel-size no trial can run
-  with (mp at TP x PP > 1, ray at TP x PP = 1, data-parallel-size > 1:
-  cluster.placement.executor_problem).
+- a distributed-executor-backend or data-parallel-size no trial can run with
+  (cluster.placement.shape_problem: on GPUs mp at TP x PP > 1, ray at TP x PP = 1,
+  data-parallel-size > 1; on the CPU engine data-parallel-size > 1 with TP x PP > 1).
 
 "Every trial" ranges over the values each flag takes (flag_values: fixed, each probe value of
 a searched flag, vLLM's default where a conditional flag is left out). The rules are monotone
@@ -36,7 +36,7 @@ from framework.base.errors import ConfigError
 from framework.base.vocabulary import Scalar
 from framework.base.vocabulary import parse_latency_key
 from framework.cluster.placement import Shape
-from framework.cluster.placement import executor_problem
+from framework.cluster.placement import shape_problem
 from framework.config.search_space import SearchSpace
 from framework.config.specs import SweepSpec
 from framework.config.specs import WorkloadSpec
@@ -249,16 +249,16 @@ PARALLEL_FLAGS = ("distributed-executor-backend", "data-parallel-size", "tensor-
                   "pipeline-parallel-size")
 
 
-def parallel_problem(values: Mapping[str, Sequence[Scalar | None]]) -> tuple[str, Scalar, str] | None:
-    """(flag, value, why) for a value of one of PARALLEL_FLAGS that fails
-    placement.executor_problem together with every value the other three take (None: vLLM's
-    default; a searched value that works with some other values passes here and is refused
-    per trial, as infeasible, by trial_plan.rejection). Flags are tried in PARALLEL_FLAGS'
-    order, each value in turn. Pure."""
+def parallel_problem(values: Mapping[str, Sequence[Scalar | None]], engine: str = "gpu"
+                     ) -> tuple[str, Scalar, str] | None:
+    """(flag, value, why) for a value of one of PARALLEL_FLAGS that fails `shape_problem`
+    together with every value the other three take (None: vLLM's default; a searched value
+    that works with some other values passes here and is refused per trial, as infeasible, by
+    trial_plan.rejection). Flags are tried in PARALLEL_FLAGS' order, each value in turn. Pure."""
     def problem(combo: Sequence[Scalar | None]) -> str | None:
         backend, dp, tp, pp = combo
-        return executor_problem(None if backend is None else str(backend),
-                                Shape(tp=int(tp or 1), pp=int(pp or 1)), int(dp or 1))
+        return shape_problem(engine, None if backend is None else str(backend),
+                             Shape(tp=int(tp or 1), pp=int(pp or 1), dp=int(dp or 1)))
 
     columns = [list(values.get(name) or [None]) for name in PARALLEL_FLAGS]
     combos = list(itertools.product(*columns))
@@ -271,10 +271,10 @@ def parallel_problem(values: Mapping[str, Sequence[Scalar | None]]) -> tuple[str
 
 
 def check_parallel(path: Path, spec: SweepSpec, space: SearchSpace) -> None:
-    """GPU engine: a distributed-executor-backend or data-parallel-size (fixed or searched)
-    that no trial can run with (parallel_problem) is a ConfigError."""
+    """A distributed-executor-backend or data-parallel-size (fixed or searched) that no trial
+    can run with (parallel_problem) is a ConfigError."""
     values = {name: flag_values(name, spec, space) for name in PARALLEL_FLAGS}
-    if found := parallel_problem(values):
+    if found := parallel_problem(values, spec.engine):
         name, value, why = found
         raise ConfigError(*_where(name, path, spec), value, why)
 
@@ -294,8 +294,7 @@ def check_cross(path: Path, spec: SweepSpec, space: SearchSpace, vllm_rules: boo
                           "GPU trials already start side by side on free GPUs "
                           "(cluster.max_concurrent_trials); start_ahead is for the CPU engine, "
                           "whose trials share cores")
-    if spec.engine == "gpu":
-        check_parallel(path, spec, space)
+    check_parallel(path, spec, space)
     w = spec.workload
     if w.tokenizer is not None and not (w.tokenizer / "tokenizer.json").is_file():
         raise ConfigError(str(path), "workload.tokenizer", str(w.tokenizer),

@@ -83,10 +83,10 @@ class Sweep:
             new.__dict__["store"] = self.__dict__["store"]
         return new
 
-    def price(self, tp: int = 1, pp: int = 1) -> Price | None:
-        """The price of one replica of TP x PP devices (fleet.prices.resolve_price)."""
+    def price(self, tp: int = 1, pp: int = 1, dp: int = 1) -> Price | None:
+        """The price of one replica of TP x PP x DP devices (fleet.prices.resolve_price)."""
         return resolve_price(self.spec.pricing, engine=self.spec.engine, gpu=self.spec.gpu,
-                             tp=tp, pp=pp, file_prices=self.file_prices)
+                             tp=tp, pp=pp, dp=dp, file_prices=self.file_prices)
 
 
 def check_capacity_load(path: Path, spec: SweepSpec, space: SearchSpace) -> None:

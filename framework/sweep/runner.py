@@ -240,7 +240,7 @@ class Runner:
         with self._lock:
             self._waiting[plan.number] = len(plan.wanted)
         plan = replace(plan, load=remeasure_load(self.spec, plan.load, plan.proposal,
-                                                 plan.shape.world_size, self.store.read_trials()))
+                                                 plan.shape.devices, self.store.read_trials()))
         reuse = None if plan.proposal.confirm_of is not None else self._pool.take(plan.key)
         log_path = reuse.log_path if reuse else self.store.log_path(plan.number)
         running = Running(plan, feas, log_path)
@@ -281,7 +281,7 @@ class Runner:
             if value is not None and value > limit * (1 + margin):
                 return f"screening run: {key} {value:.4g} > {limit:g} by more than {margin:.0%}"
         metric = self.spec.objective.metric
-        value = per_device(metrics, plan.shape.world_size).get(metric)
+        value = per_device(metrics, plan.shape.devices).get(metric)
         if value is None or not self.tuner.screen(plan.proposal, float(value)):
             return None
         return (f"screening run: {metric} {value:.4g} is more than {margin:.0%} worse than the "
@@ -334,15 +334,16 @@ class Runner:
         p, shape = plan.proposal, plan.shape
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
         j = judge(outcome, sla, self.spec.objective, sla_on=self.spec.search.sla_on,
-                  judged=judged, devices=shape.world_size, precision=plan.load.precision,
-                  sizing=Sizing(self.sweep.target, self.sweep.price(shape.tp, shape.pp),
-                                shape.tp, shape.pp))
+                  judged=judged, devices=shape.devices, precision=plan.load.precision,
+                  sizing=Sizing(self.sweep.target, self.sweep.price(shape.tp, shape.pp, shape.dp),
+                                shape.tp, shape.pp, shape.dp))
         outcome, verdict, intervals = j.outcome, j.verdict, j.intervals
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,
                            server_log=self.store.where(server_log or self.store.log_path(p.number)),
                            feasibility=feas, sla=self.spec.sla, provenance=self.provenance,
                            confirmation_of=p.confirm_of, startup_levers=plan.levers,
+                           shape=shape.label,
                            fleet=j.fleet)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         ev = Evaluation(

@@ -15,10 +15,10 @@ from framework.base.vocabulary import Scalar
 from framework.cluster.placement import Bundle
 from framework.cluster.placement import Shape
 from framework.cluster.placement import bundles
-from framework.cluster.placement import executor_problem
 from framework.cluster.placement import fits
 from framework.cluster.placement import node_unit
 from framework.cluster.placement import shape_of
+from framework.cluster.placement import shape_problem
 from framework.cluster.placement import why_unplaceable
 from framework.engine.feasibility import Feasibility
 from framework.engine.server_args import serve_command
@@ -99,16 +99,15 @@ def _text(value: Scalar | None) -> str | None:
 def rejection(sweep: Sweep, plan: TrialPlan, nodes: Sequence[Mapping[str, float]]
               ) -> tuple[TrialOutcome | None, Feasibility | None]:
     """A trial that must not launch (it can never be placed on `nodes`, its executor cannot
-    start in its group (placement.executor_problem), or the memory model says it cannot work)
+    start in its group (placement.shape_problem), or the memory model says it cannot work)
     as its outcome, with its feasibility; (None, feasibility) when it
     may launch."""
     now = datetime.now(UTC)
     if not fits(plan.wanted, nodes, plan.unit):
         return TrialOutcome(started_at=now, argv=(), fail_reason="unplaceable",
                             fail_detail=why_unplaceable(plan.wanted, nodes, plan.unit)), None
-    if sweep.spec.engine == "gpu" and (problem := executor_problem(
-            _text(plan.flags.get("distributed-executor-backend")), shape_of(plan.flags),
-            int(plan.flags.get("data-parallel-size") or 1))):
+    if problem := shape_problem(sweep.spec.engine,
+                                _text(plan.flags.get("distributed-executor-backend")), plan.shape):
         return TrialOutcome(started_at=now, argv=(), fail_reason="infeasible",
                             fail_detail=problem), Feasibility(ok=False, reasons=(problem,),
                                                               violation=1.0)

@@ -47,7 +47,7 @@ class Verdict:
 
 def per_device(metrics: Mapping[str, float], devices: int) -> dict[str, float]:
     """`metrics` plus output_throughput_per_gpu and request_goodput_per_gpu (= the metric /
-    devices, the trial's TP x PP; CPU engine: per worker)."""
+    devices, the trial's TP x PP x DP; CPU engine: per worker)."""
     out = dict(metrics)
     for key in ("output_throughput", "request_goodput"):
         if key in metrics and metrics[key] is not None:

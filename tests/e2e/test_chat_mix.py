@@ -109,6 +109,7 @@ def test_chat_mix_sweep_writes_class_columns_and_workload_rows(shared_ray, tiny_
     assert trials["server_pid"].nunique() == 1
     for _, trial in trials.iterrows():
         assert trial["running_requests_max"] <= trial["param_max_concurrency"]
+        assert (trial["engines_served"], trial["engine_share_min"]) == (1, 1.0)  # one engine
     assert trials["prefix_cache_hit_rate"].iloc[1] < 0.05, trials["prefix_cache_hit_rate"]
     log = Path(trials["server_log"].iloc[0]).read_text(errors="replace")
     assert log.count("prefix cache reset in-process: done") >= 3, log[-3000:]

@@ -57,6 +57,8 @@ def test_fake_engine_sweep_reuses_servers_only_across_run_settings(shared_ray, s
     assert grid["server_log"].iloc[1] == grid["server_log"].iloc[0]
     # the same pid above is the proof that nothing was launched (no bound on launch_s: a time)
     assert grid["running_requests_max"].iloc[1] <= 4
+    # one engine served each run (FakeEngine labels its counter as vLLM does: engine="0")
+    assert (grid["engines_served"] == 1).all() and (grid["engine_share_min"] == 1.0).all()
     assert not confirmation["server_reused"].iloc[0]
     assert confirmation["server_pid"].iloc[0] not in pids
     assert "reusing the running server" in out

@@ -23,10 +23,20 @@ from framework.cluster.placement import why_unplaceable
     ({"tensor-parallel-size": 4}, Shape(4, 1)),
     ({"tensor-parallel-size": 2, "pipeline-parallel-size": 4}, Shape(2, 4)),
     ({"pipeline-parallel-size": None}, Shape(1, 1)),
+    ({"data-parallel-size": 2}, Shape(1, 1, 2)),
+    ({"tensor-parallel-size": 2, "data-parallel-size": 4}, Shape(2, 1, 4)),
 ])
 def test_shape_of_flags(flags, shape):
     assert shape_of(flags) == shape
-    assert shape.world_size == shape.tp * shape.pp
+    assert shape.world_size == shape.tp * shape.pp  # one engine's (vLLM's world size)
+    assert shape.devices == shape.tp * shape.pp * shape.dp
+
+
+@pytest.mark.parametrize("shape, label", [
+    (Shape(1, 1), "TP1xPP1"), (Shape(2, 4), "TP2xPP4"), (Shape(1, 1, 2), "TP1xPP1xDP2"),
+])
+def test_shape_label(shape, label):
+    assert shape.label == label
 
 
 def test_gpu_bundles_one_per_worker_with_the_server_cpu_in_bundle_0():
@@ -36,6 +46,10 @@ def test_gpu_bundles_one_per_worker_with_the_server_cpu_in_bundle_0():
 
 def test_cpu_bundles_hold_cpus_only():
     assert bundles(Shape(1, 2), "cpu", cpus_per_worker=3) == [{"CPU": 3.0}, {"CPU": 3.0}]
+
+
+def test_data_parallel_bundles_one_per_engine():
+    assert bundles(Shape(1, 1, 3), "cpu", cpus_per_worker=2) == [{"CPU": 2.0}] * 3
 
 
 EIGHT_GPU_NODE = {"GPU": 8.0, "CPU": 8.0}
@@ -81,6 +95,7 @@ def test_ask_another(waiting, free, expected):
 @pytest.mark.parametrize("shape, unit", [
     (Shape(1, 1), 1), (Shape(4, 1), 4), (Shape(8, 1), 8),  # PP = 1: the whole group
     (Shape(1, 4), 1), (Shape(2, 2), 2), (Shape(8, 2), 8),  # PP > 1: one stage
+    (Shape(1, 1, 2), 2), (Shape(1, 1, 4), 4),  # DP engines: on the server's node
 ])
 def test_node_unit_is_the_group_without_pp_else_one_stage(shape, unit):
     assert node_unit(shape) == unit

@@ -20,6 +20,7 @@ from framework.engine import server_metrics
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
 from framework.engine.server_metrics import MetricsSampler
 from framework.engine.server_metrics import Sample
+from framework.engine.server_metrics import engine_shares
 from framework.engine.server_metrics import fetch_text
 from framework.engine.server_metrics import parse_metrics
 from framework.engine.server_metrics import summarize
@@ -340,7 +341,8 @@ def test_server_metrics_reach_the_trial_row() -> None:
                        server_log="")
     values = {"kv_cache_usage_max": 0.5, "kv_cache_usage_mean": 0.2, "preemptions": 3,
               "prefix_cache_hit_rate": None, "waiting_requests_max": 1,
-              "running_requests_max": 8, "queue_time_mean_s": 0.01, "metrics_samples": 4}
+              "running_requests_max": 8, "queue_time_mean_s": 0.01, "metrics_samples": 4,
+              "engines_served": 2, "engine_share_min": 0.48}
     outcome = TrialOutcome(started_at=datetime.now(UTC), argv=(),
                            server_metrics=values)
     row = trial_row(ctx, outcome, None, columns)
@@ -348,3 +350,35 @@ def test_server_metrics_reach_the_trial_row() -> None:
     failed = trial_row(ctx, TrialOutcome(started_at=datetime.now(UTC), argv=()), None,
                        columns)
     assert all(failed[k] is None for k in server)
+
+
+TWO_ENGINES = """# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} %d
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} %d
+vllm:request_success_total{engine="1",finished_reason="length",model_name="m"} %d
+"""
+
+
+def test_a_data_parallel_servers_engines_are_counted_apart() -> None:
+    before = parse_metrics(TWO_ENGINES % (1, 2, 0))
+    after = parse_metrics(TWO_ENGINES % (1, 50, 52))
+    assert before["vllm:request_success_total"] == 3  # the total over engines, as before
+    samples = [Sample(0.0, before, bracket=True), Sample(1.0, after, bracket=True)]
+    assert engine_shares(samples) == {"0": 48.0, "1": 52.0}
+    summary = summarize(samples)
+    assert summary["engines_served"] == 2
+    assert summary["engine_share_min"] == 48 / 100
+
+
+def test_an_idle_engine_is_not_counted_as_serving() -> None:
+    samples = [Sample(0.0, parse_metrics(TWO_ENGINES % (0, 0, 5)), bracket=True),
+               Sample(1.0, parse_metrics(TWO_ENGINES % (0, 10, 5)), bracket=True)]
+    summary = summarize(samples)
+    assert (summary["engines_served"], summary["engine_share_min"]) == (1, 0.0)
+
+
+def test_no_engine_label_no_engine_columns() -> None:
+    samples = [Sample(0.0, {"vllm:num_requests_running": 1.0}),
+               Sample(1.0, {"vllm:num_requests_running": 2.0})]
+    summary = summarize(samples)
+    assert summary["engines_served"] is None and summary["engine_share_min"] is None

@@ -46,6 +46,20 @@ def test_fleet(tp, pp, price, replicas, gpus, cost):
     assert fleet.cost_per_hour == (None if cost is None else pytest.approx(cost))
 
 
+def test_a_data_parallel_replica_counts_every_engine():
+    # capacity 8 req/s is the whole DP server's: 40 req/s needs 5 of them, each 2 x TP 2 GPUs
+    fleet = fleet_for(40, 8.0, tp=2, pp=1, dp=2, price_per_replica_hour=8.0)
+    assert (fleet.replicas, fleet.gpus_per_replica, fleet.gpus) == (5, 4, 20)
+    assert fleet.cost_per_hour == pytest.approx(40.0)
+    with pytest.raises(ValueError, match="DP 0"):
+        fleet_for(40, 8.0, dp=0)
+
+
+def test_a_data_parallel_replica_is_priced_per_gpu():
+    price = resolve_price(PricingSpec(per_gpu_hour=2.5), engine="gpu", gpu="H100-80GB", tp=2, dp=2)
+    assert price is not None and price.per_replica_hour == pytest.approx(10.0)
+
+
 def test_fleet_without_capacity_has_no_gpus_or_cost():
     fleet = fleet_for(40, 0.0, tp=2, price_per_replica_hour=4.0)
     assert (fleet.replicas, fleet.gpus, fleet.cost_per_hour) == (None, None, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import kubernetes_validate
@@ -132,6 +133,16 @@ def test_k8s_manifests_are_valid_kubernetes(engine, tp, pp, replicas, gpus):
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
+def test_a_data_parallel_pod_holds_every_engines_gpus():
+    d = replace(plan("gpu", "H100-80GB", tp=2, replicas=3,
+                     flags={"data-parallel-size": 2, "tensor-parallel-size": 2}), dp=2)
+    deployment, _ = k8s_manifests(d)
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"  # TP 2 x DP 2 in one pod
+    assert deployment["spec"]["replicas"] == 3
+
+
 def test_a_broken_k8s_manifest_is_caught_by_the_schema():
     deployment, _ = k8s_manifests(plan("gpu", "H100-80GB"))
     deployment["spec"]["replicas"] = "three"
@@ -143,6 +154,24 @@ def test_a_broken_k8s_manifest_is_caught_by_the_schema():
                                              ("gpu", "L4-24GB", 1)])
 def test_ray_serve_llm_accepts_the_config(engine, gpu, tp):
     assert check_ray_serve_config(ray_serve_app(plan(engine, gpu, tp, replicas=2))) == 1
+
+
+@pytest.mark.parametrize("engine, gpu", [("cpu", None), ("gpu", "H100-80GB")])
+def test_a_data_parallel_deployment_is_ray_serve_llms_dp_app(engine, gpu):
+    d = replace(plan(engine, gpu, replicas=3, flags={"data-parallel-size": 2}), dp=2)
+    doc = ray_serve_app(d)
+    app = doc["applications"][0]
+    assert app["import_path"] == "ray.serve.llm:build_dp_openai_app"
+    assert app["args"]["llm_config"]["engine_kwargs"]["data_parallel_size"] == 2
+    assert check_ray_serve_config(doc) == 1
+    assert d.devices == 2
+
+
+def test_a_broken_data_parallel_app_is_caught():
+    doc = ray_serve_app(replace(plan("cpu", flags={"data-parallel-size": 2}), dp=2))
+    doc["applications"][0]["args"]["llm_config"]["engine_kwargs"]["data_parallel_size"] = 0
+    with pytest.raises(ConfigError, match="data_parallel_size"):
+        check_ray_serve_config(doc)
 
 
 @pytest.mark.parametrize("change, reason", [

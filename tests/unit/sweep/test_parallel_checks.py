@@ -13,7 +13,9 @@ import yaml
 
 from framework.base.errors import ConfigError
 from framework.cluster.placement import Shape
+from framework.cluster.placement import data_parallel_problem
 from framework.cluster.placement import executor_problem
+from framework.cluster.placement import shape_problem
 from framework.sweep import loader
 from framework.sweep.cross_checks import parallel_problem
 
@@ -30,8 +32,9 @@ from framework.sweep.cross_checks import parallel_problem
     ("ray", 1, 1, 1, "never starts"),
     ("uni", 2, 1, 1, "starts rank 0 alone"),   # its rank 0 waits for the others forever
     ("uni", 1, 2, 1, "TP 1 x PP 2 = 2 starts rank 0 alone"),
-    (None, 1, 1, 2, "data-parallel-size 2 is not supported yet"),
+    (None, 1, 1, 2, "data-parallel-size 2 is supported on the CPU engine only"),
     ("ray", 2, 1, 4, "data-parallel-size 4"),
+    ("ray", 1, 1, 2, "supported on the CPU engine only"),  # DP is refused before the backend
 ])
 def test_executor_problem(backend, tp, pp, dp, found):
     problem = executor_problem(backend, Shape(tp=tp, pp=pp), dp)
@@ -48,11 +51,11 @@ B, DP, TP, PP = ("distributed-executor-backend", "data-parallel-size", "tensor-p
     ({B: ["mp"], TP: [2]}, (B, "mp", "physical GPUs 0..1")),
     ({B: ["ray"]}, (B, "ray", "never starts")),
     ({B: ["ray"], TP: [1], PP: [1]}, (B, "ray", "never starts")),
-    ({DP: [2]}, (DP, 2, "not supported yet")),
+    ({DP: [2]}, (DP, 2, "supported on the CPU engine only")),
     # searched: a value that works with some other values passes (refused per trial)
     ({B: ["mp", "ray"], TP: [1, 2]}, None),
     ({B: ["ray", None], TP: [1, 4]}, None),
-    ({DP: [1, 2]}, (DP, 2, "not supported yet")),
+    ({DP: [1, 2]}, (DP, 2, "supported on the CPU engine only")),
     # mp searched against a fixed TP 2: mp fails in every trial
     ({B: ["mp", "ray"], TP: [2]}, (B, "mp", "physical GPUs 0..1")),
     # ray fixed, TP searched over 1 and 2: TP 1 fails in every trial
@@ -90,12 +93,12 @@ def choices(*values: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("args, params, file, key, value, found", [
     ({B: "mp", TP: 2}, None, "sweep.yaml", f"server.args.{B}", "mp", "physical GPUs 0..1"),
     ({B: "ray"}, None, "sweep.yaml", f"server.args.{B}", "ray", "never starts"),
-    ({DP: 2}, None, "sweep.yaml", f"server.args.{DP}", 2, "not supported yet"),
+    ({DP: 2}, None, "sweep.yaml", f"server.args.{DP}", 2, "supported on the CPU engine only"),
     ({TP: 2}, {B: choices("ray", "mp")}, "space.yaml", f"parameters.{B}", "mp",
      "physical GPUs 0..1"),
     ({B: "ray"}, {TP: choices(2, 1)}, "space.yaml", f"parameters.{TP}", 1, "never starts"),
     ({}, {DP: {"type": "int", "low": 1, "high": 2, "default": 1}}, "space.yaml",
-     f"parameters.{DP}", 2, "not supported yet"),
+     f"parameters.{DP}", 2, "supported on the CPU engine only"),
 ])
 def test_validate_refuses_in_one_line(tmp_path, tiny_model, args, params, file, key, value,
                                       found):
@@ -118,5 +121,57 @@ def test_validate_passes(tmp_path, tiny_model, args, params):
 
 def test_the_cpu_engine_is_left_alone(tmp_path, tiny_model):
     path = write(tmp_path, tiny_model, {B: "ray"})
+    path.write_text(path.read_text().replace("engine: gpu", "engine: cpu"))
+    assert loader.load(path).spec.engine == "cpu"
+
+
+@pytest.mark.parametrize("engine, tp, pp, dp, found", [
+    ("cpu", 1, 1, 1, None),
+    ("cpu", 1, 1, 2, None),          # vLLM's DP engines as processes of the server's node
+    ("cpu", 1, 1, 4, None),
+    ("cpu", 2, 1, 2, "with TP 2 x PP 1 > 1 is not supported"),
+    ("cpu", 1, 2, 2, "with TP 1 x PP 2 > 1 is not supported"),
+    ("gpu", 1, 1, 2, "supported on the CPU engine only"),
+    ("fake", 1, 1, 2, "supported on the CPU engine only"),  # FakeEngine fakes GPUs
+    ("gpu", 2, 1, 1, None),
+])
+def test_data_parallel_problem(engine, tp, pp, dp, found):
+    problem = data_parallel_problem(engine, Shape(tp, pp, dp))
+    assert (problem is None) if found is None else (found in problem)
+
+
+@pytest.mark.parametrize("engine, backend, shape, found", [
+    ("cpu", "ray", Shape(1, 1, 1), None),    # the CPU engine's executor is vllm-sweep's
+    ("cpu", None, Shape(1, 1, 2), None),
+    ("cpu", None, Shape(2, 1, 2), "not supported"),
+    ("gpu", "ray", Shape(1, 1, 1), "never starts"),
+    ("gpu", None, Shape(1, 1, 2), "CPU engine only"),
+])
+def test_shape_problem_by_engine(engine, backend, shape, found):
+    problem = shape_problem(engine, backend, shape)
+    assert (problem is None) if found is None else (found in problem)
+
+
+@pytest.mark.parametrize("values, found", [
+    ({DP: [2]}, None),
+    ({DP: [1, 2], TP: [1, 2]}, None),  # some trials work: refused per trial
+    ({DP: [2], TP: [2]}, (DP, 2, "not supported")),
+])
+def test_parallel_problem_on_the_cpu_engine(values, found):
+    problem = parallel_problem(values, "cpu")
+    assert problem == found if found is None else (problem[:2] == found[:2]
+                                                   and found[2] in problem[2])
+
+
+def test_validate_refuses_cpu_data_parallel_with_tensor_parallel(tmp_path, tiny_model):
+    path = write(tmp_path, tiny_model, {DP: 2, TP: 2})
+    path.write_text(path.read_text().replace("engine: gpu", "engine: cpu"))
+    with pytest.raises(ConfigError) as caught:
+        loader.load(path)
+    assert (caught.value.key, caught.value.value) == (f"server.args.{DP}", 2)
+
+
+def test_validate_passes_cpu_data_parallel(tmp_path, tiny_model):
+    path = write(tmp_path, tiny_model, {DP: 2})
     path.write_text(path.read_text().replace("engine: gpu", "engine: cpu"))
     assert loader.load(path).spec.engine == "cpu"
