@@ -295,6 +295,23 @@ def test_export_json_carries_the_fleet(tmp_path, tiny_model):
     assert doc["serve_argv"][:3] == ["vllm", "serve", str(tiny_model)]
 
 
+def test_export_of_a_data_parallel_sweep_counts_every_engine(tmp_path, tiny_model):
+    # a CPU sweep whose servers all run data-parallel-size 2 (fixed): the defaults ship; the
+    # fleet's replica is one DP server of 2 workers, ceil(25 x 1.2 / 10) = 3 of them
+    sweep = capacity_sweep(tmp_path, tiny_model, "dp", None, [10.0, 12.0], 1000.0,
+                           server={"args": {"data-parallel-size": 2}})
+    res = cli_in_process("export", str(sweep), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["data_parallel_size"] == 2 and doc["flags"]["data-parallel-size"] == 2
+    replicas, _ = fleet(TARGET_RPS, 10.0, H100_HOUR)
+    assert doc["fleet"]["gpus_per_replica"] == 2
+    assert doc["fleet"]["replicas"] == replicas and doc["fleet"]["gpus"] == 2 * replicas
+    serve = cli_in_process("export", str(sweep), "--format", "ray-serve")
+    assert serve.returncode == 0, serve.stderr
+    assert "ray.serve.llm:build_dp_openai_app" in serve.stdout
+
+
 
 # --- export --format k8s on stored rows (#33 item 8) ---------------------------------------------
 
