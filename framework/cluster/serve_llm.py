@@ -4,9 +4,9 @@
 DeploymentConfig, accelerator_type among Ray's types), and each LLMConfig's engine kwargs as
 Ray Serve LLM hands them to vLLM (LLMConfig.get_engine_config: every key an AsyncEngineArgs or
 FrontendArgs field; get_initialization_kwargs). A data-parallel application
-(`build_dp_openai_app`) is checked by its own args model (DPOpenAiServingArgs) and the options
-its DPServer deployment would get (the DP size, the replicas as DP groups). Nothing is started
-and no model is read. Importing ray.serve.llm imports vLLM."""
+(`build_dp_openai_app`) is checked by its own args model (DPOpenAiServingArgs) and the DP size
+check of its DPServer deployment (not by calling DPServer.get_deployment_options, which starts a
+local Ray). Nothing is started and no model is read. Importing ray.serve.llm imports vLLM."""
 
 from __future__ import annotations
 
@@ -43,10 +43,14 @@ def _llm_configs(import_path: str, args: object, serving_args: type) -> list:
     """The LLMConfigs of one application's builder args, by its builder."""
     if import_path.endswith(":build_dp_openai_app"):
         from ray.llm._internal.serve.serving_patterns.data_parallel.builder import DPOpenAiServingArgs
-        from ray.llm._internal.serve.serving_patterns.data_parallel.dp_server import DPServer
 
         config = DPOpenAiServingArgs.model_validate(args).llm_config
-        DPServer.get_deployment_options(config)  # the DP size and replicas as Serve takes them
+        # DPServer.get_deployment_options' own check of the size (dp_server.py); the method
+        # itself is not called: it starts a local Ray instance where none runs
+        dp_size = config.engine_kwargs.get("data_parallel_size", 1)
+        if not (isinstance(dp_size, int) and dp_size > 0):
+            raise ValueError(f"Invalid data_parallel_size: {dp_size}, expecting positive "
+                             "integer.")
         return [config]
     return list(serving_args.model_validate(args).llm_configs)  # type: ignore[attr-defined]
 

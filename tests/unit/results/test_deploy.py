@@ -165,6 +165,9 @@ def test_a_data_parallel_deployment_is_ray_serve_llms_dp_app(engine, gpu):
     assert app["args"]["llm_config"]["engine_kwargs"]["data_parallel_size"] == 2
     assert check_ray_serve_config(doc) == 1
     assert d.devices == 2
+    import ray
+
+    assert not ray.is_initialized()  # the check starts no Ray (DPServer's options would)
 
 
 def test_a_broken_data_parallel_app_is_caught():
