@@ -205,17 +205,9 @@ def autoscaling_cluster(parent: Path, head: Mapping[str, Any], ips: list[str],
     config.write_text(json.dumps(autoscaling_config(parent, gcs, ips, worker_types, max_workers)))
     head_tmp = parent / "head"
     head_tmp.mkdir()
-    saved = {k: os.environ.get(k) for k in ("TMPDIR", "PYTHONPATH", "AUTOSCALER_UPDATE_INTERVAL_S",
-                                            "AUTOSCALER_HEARTBEAT_TIMEOUT_S")}
-    # the monitor imports this module, takes its TMPDIR, and looks every second (default 5).
-    # It counts a node up from its launch (the provider tags it up-to-date, as providers without
-    # node updaters do) and ends one whose raylet has not reported within
-    # AUTOSCALER_HEARTBEAT_TIMEOUT_S (default 30 s: ray/autoscaler/_private/autoscaler.py,
-    # terminate_unhealthy_nodes), then launches another: on a slowed machine (s18a, two CPU
-    # burners) a node took longer than 30 s to register and a second was launched. A node that
-    # is slow to start is not what these tests are about: the monitor waits as long as a test may.
-    os.environ.update(TMPDIR=str(head_tmp), AUTOSCALER_UPDATE_INTERVAL_S="1",
-                      AUTOSCALER_HEARTBEAT_TIMEOUT_S="600", PYTHONPATH=(
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "PYTHONPATH", "AUTOSCALER_UPDATE_INTERVAL_S")}
+    # the monitor imports this module, takes its TMPDIR, and looks every second (default 5)
+    os.environ.update(TMPDIR=str(head_tmp), AUTOSCALER_UPDATE_INTERVAL_S="1", PYTHONPATH=(
         f"{ROOT}{os.pathsep}{saved['PYTHONPATH']}" if saved["PYTHONPATH"] else str(ROOT)))
     try:
         with emulated_cluster(parent, [{**head, "gcs_server_port": port,
