@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from framework.base.errors import ConfigError
+from framework.fleet.manifests import RAY_SERVE_DP_BUILDER
 
 
 def check_ray_serve_config(doc: Mapping[str, object], where: str = "ray-serve config") -> int:
@@ -40,8 +41,9 @@ def check_ray_serve_config(doc: Mapping[str, object], where: str = "ray-serve co
 
 
 def _llm_configs(import_path: str, args: object, serving_args: type) -> list:
-    """The LLMConfigs of one application's builder args, by its builder."""
-    if import_path.endswith(":build_dp_openai_app"):
+    """The LLMConfigs of one application's builder args, by its builder (`serving_args`:
+    ray.serve.llm.LLMServingArgs, imported where its absence is reported)."""
+    if import_path == RAY_SERVE_DP_BUILDER:
         from ray.llm._internal.serve.serving_patterns.data_parallel.builder import DPOpenAiServingArgs
 
         config = DPOpenAiServingArgs.model_validate(args).llm_config
