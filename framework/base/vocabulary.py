@@ -54,6 +54,9 @@ THROUGHPUT_METRICS = ("request_throughput", "output_throughput", "total_token_th
 # that carries the sweep's `target:` (capacity mode), cost of a million output tokens.
 FLEET_OBJECTIVES = ("gpus_for_target", "cost_per_hour_for_target", "cost_per_mtok_output")
 ERROR_RATE = "error_rate"
+# The response header by which the replicas shape's router (framework/engine/router.py) names
+# the server that answered (0-based); the load generator records it (request rows: `replica`).
+REPLICA_HEADER = "X-Vllm-Sweep-Replica"
 MIN_TOKEN_AGREEMENT = "min_token_agreement"
 LOWER_BOUND_KEYS = (MIN_TOKEN_AGREEMENT,)
 

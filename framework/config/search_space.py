@@ -23,6 +23,11 @@ framework.engine.output_flags): trials that set it run the quality probe against
 A parameter with `when: {other-flag: value, ...}` is conditional: it is searched (and passed
 to vLLM) only in trials where each named earlier parameter took that value, e.g.
 `num-speculative-tokens: {type: int, low: 1, high: 8, when: {speculative-method: ngram}}`.
+
+A parameter with `kind: shape` is a deployment-shape setting, not a vLLM flag: one of
+SHAPE_SETTINGS. `replicas: {type: int, low: 1, high: 4, kind: shape, default: 1}` runs each
+trial as that many identical servers behind a router (framework/trial/replicas.py), measured
+as one deployment; its default is the single server.
 """
 
 from __future__ import annotations
@@ -53,13 +58,16 @@ RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",
                                 "max-concurrency": "max_concurrency",
                                 "burstiness": "burstiness",
                                 "speed-up": "speed_up"}
+# Deployment-shape settings a search space may vary (kind: shape): the number of identical
+# servers a trial runs behind one router (framework/trial/replicas.py).
+SHAPE_SETTINGS: tuple[str, ...] = ("replicas",)
 
 
 class _Param(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = ""
     help: str = ""
-    kind: Literal["server", "run"] = "server"
+    kind: Literal["server", "run", "shape"] = "server"
     when: dict[str, Scalar] = Field(default_factory=dict)
     lossy: bool = False
 
@@ -190,6 +198,7 @@ class SearchSpace(BaseModel):
             if param.kind == "server" and name in RUN_SETTINGS:
                 raise ValueError(f"parameter {name!r} is a load setting, not a vLLM flag: "
                                  "mark it kind: run")
+            _check_shape_param(name, param)
         seen: list[str] = []
         for name, param in self.parameters.items():
             for other, value in param.when.items():
@@ -206,9 +215,18 @@ class SearchSpace(BaseModel):
     def run_params(self) -> tuple[str, ...]:
         return tuple(n for n, p in self.parameters.items() if p.kind == "run")
 
+    @property
+    def shape_params(self) -> tuple[str, ...]:
+        return tuple(n for n, p in self.parameters.items() if p.kind == "shape")
+
     def server_params(self, params: Mapping[str, _V]) -> dict[str, _V]:
         """The entries of `params` that are vLLM flags (kind: server)."""
-        return {n: v for n, v in params.items() if n not in self.run_params}
+        return {n: v for n, v in params.items()
+                if n not in self.run_params and n not in self.shape_params}
+
+    def shape_settings(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        """The deployment-shape settings in `params` (kind: shape), by name (`replicas`)."""
+        return {n: v for n, v in params.items() if n in self.shape_params}
 
     def run_settings(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
         """The run settings in `params`, keyed by workload field (`max_concurrency`)."""
@@ -254,6 +272,26 @@ class SearchSpace(BaseModel):
 
     def missing_defaults(self) -> list[str]:
         return [name for name, p in self.parameters.items() if p.default is None and not p.when]
+
+
+def _check_shape_param(name: str, param: _Param) -> None:
+    """kind: shape only for SHAPE_SETTINGS, whose values are whole numbers of servers >= 1,
+    never lossy; a shape setting is never a vLLM flag."""
+    if param.kind != "shape":
+        if name in SHAPE_SETTINGS:
+            raise ValueError(f"parameter {name!r} is a deployment-shape setting, not a vLLM "
+                             "flag: mark it kind: shape")
+        return
+    if name not in SHAPE_SETTINGS:
+        raise ValueError(f"parameter {name!r}: kind: shape is for {', '.join(SHAPE_SETTINGS)}; "
+                         "a vLLM flag is kind: server")
+    if param.lossy or param.when:
+        raise ValueError(f"parameter {name!r}: a shape setting takes neither lossy nor when")
+    values = discrete_values(param, 64)
+    if values is None or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                 for v in values):
+        raise ValueError(f"parameter {name!r}: the number of servers is a whole number >= 1 "
+                         "(an int range or int choices)")
 
 
 def load_search_space(path: Path) -> SearchSpace:

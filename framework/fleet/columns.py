@@ -43,31 +43,45 @@ class Sizing:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    servers: int = 1  # measured together (the replicas shape): fleet_values
+
+
+def deployment_sizing(target: Target | None, price: Price | None, tp: int = 1, pp: int = 1,
+                      dp: int = 1, servers: int = 1) -> Sizing:
+    """The Sizing of a deployment measured as `servers` identical servers of TP x PP x DP
+    devices each behind one router (the replicas shape; 1: one server)."""
+    return Sizing(target, price, tp, pp, dp, servers)
 
 
 def fleet_values(metrics: Mapping[str, float | None], target: Target | None,
-                 price: Price | None, tp: int = 1, pp: int = 1, dp: int = 1
-                 ) -> dict[str, object]:
+                 price: Price | None, tp: int = 1, pp: int = 1, dp: int = 1,
+                 servers: int = 1) -> dict[str, object]:
     """The FLEET_COLUMNS of a trial measured as `metrics` (empty when it measured nothing),
-    with replicas of TP x PP devices."""
+    with replicas (servers) of TP x PP x DP devices at `price` each. A trial of `servers`
+    servers measured together is sized in whole groups of them: groups = fleet_for over the
+    group's capacity, replicas_for_target = groups x `servers`; its cost per million tokens
+    is the group's price over the group's throughput."""
     per_hour = None if price is None else price.per_replica_hour
+    group_hour = None if per_hour is None else per_hour * servers
     out: dict[str, object] = {name: None for name, _ in FLEET_COLUMNS}
     out.update(price_per_replica_hour=per_hour, price_source=None if price is None else price.source,
-               cost_per_mtok_output=cost_per_mtok(per_hour, metrics.get("output_throughput")),
-               cost_per_mtok_total=cost_per_mtok(per_hour, metrics.get("total_token_throughput")))
+               cost_per_mtok_output=cost_per_mtok(group_hour, metrics.get("output_throughput")),
+               cost_per_mtok_total=cost_per_mtok(group_hour, metrics.get("total_token_throughput")))
     if target is not None:
         fleet = fleet_for(target.rps, metrics.get("capacity_rps"), headroom=target.headroom,
-                          tp=tp, pp=pp, dp=dp, price_per_replica_hour=per_hour)
-        out.update(target_rps=target.rps, replicas_for_target=fleet.replicas,
+                          tp=tp, pp=pp, dp=dp * servers, price_per_replica_hour=group_hour)
+        out.update(target_rps=target.rps,
+                   replicas_for_target=None if fleet.replicas is None else fleet.replicas * servers,
                    gpus_for_target=fleet.gpus, cost_per_hour_for_target=fleet.cost_per_hour)
     return out
 
 
 def with_objectives(runs: list[dict[str, float]], target: Target | None, price: Price | None,
-                    tp: int = 1, pp: int = 1, dp: int = 1) -> list[dict[str, float]]:
+                    tp: int = 1, pp: int = 1, dp: int = 1, servers: int = 1
+                    ) -> list[dict[str, float]]:
     """Each run's metrics plus the fleet objectives (base.vocabulary.FLEET_OBJECTIVES) that
     have a value in every run: what trial.objective evaluates. One left out has no value."""
-    values = [fleet_values(r, target, price, tp, pp, dp) for r in runs]
+    values = [fleet_values(r, target, price, tp, pp, dp, servers) for r in runs]
     known = [m for m in FLEET_OBJECTIVES if all(v[m] is not None for v in values)]
     return [{**r, **{m: float(v[m]) for m in known}}  # type: ignore[arg-type]
             for r, v in zip(runs, values)]

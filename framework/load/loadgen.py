@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 from typing import Literal
 
+from framework.base.vocabulary import REPLICA_HEADER
 from framework.load.http_client import ClosedWhileIdle
 from framework.load.http_client import Connection
 from framework.load.http_client import ConnectionPool
@@ -49,6 +50,7 @@ class RequestRecord:
     multi-turn session (load.sessions) also carries its ``session_id`` and ``turn`` (0 = the
     first) and the answer's ``text``; other requests leave them None and "".
     ``request_class``: the request's class in a mix (RequestSpec.request_class).
+    ``replica``: the server that answered, from a router's REPLICA_HEADER (None without one).
     """
 
     index: int
@@ -64,6 +66,7 @@ class RequestRecord:
     turn: int | None = None
     text: str = ""
     request_class: str | None = None
+    replica: int | None = None
 
     @property
     def e2el_s(self) -> float | None:
@@ -153,6 +156,13 @@ ENDPOINTS: dict[str, tuple[str, Payload]] = {
 }
 
 
+def replica_of(headers: Mapping[str, str]) -> int | None:
+    """The replica a router named in its REPLICA_HEADER (`headers` keys lower-case, as
+    http_client.ResponseReader keeps them); None when absent or not a whole number."""
+    value = headers.get(REPLICA_HEADER.lower())
+    return int(value) if value is not None and value.isdigit() else None
+
+
 async def stream_one(
     pool: ConnectionPool,
     path: str,
@@ -174,6 +184,7 @@ async def stream_one(
     """
     state = SSEState(clock, keep_text)
     error = ""
+    replica: int | None = None
     send_s = clock()
     conn: Connection | None = None
     reuse = False
@@ -187,6 +198,7 @@ async def stream_one(
                 pool.put(conn, False)
                 conn = await pool.connect()
                 reader = await conn.exchange(request, state.feed)
+            replica = replica_of(reader.headers)
             if reader.status == 200:
                 state.end()
                 error = state.error
@@ -220,6 +232,7 @@ async def stream_one(
             output_tokens=output_tokens,
             success=False,
             error=error,
+            replica=replica,
         )
     return RequestRecord(
         index=index,
@@ -231,6 +244,7 @@ async def stream_one(
         output_tokens=output_tokens,
         success=True,
         text=state.text,
+        replica=replica,
     )
 
 

@@ -97,7 +97,7 @@ def fleet_answer(trials: pd.DataFrame, verdict: SweepVerdict, headroom: float = 
     else:
         measured = {c: _value(row, c) for c in _MEASURED}
         values = fleet_values(measured, sizing.target, sizing.price,  # type: ignore[arg-type]
-                              sizing.tp, sizing.pp, sizing.dp)
+                              sizing.tp, sizing.pp, sizing.dp, sizing.servers)
         headroom = sizing.target.headroom if sizing.target else 0.0
 
     def num(column: str) -> float | None:

@@ -26,8 +26,8 @@ from framework.engine.memory_model import GIB
 from framework.engine.memory_model import read_model_facts
 from framework.engine.memory_model import weight_bytes_per_gpu
 from framework.engine.server_args import flag_args
-from framework.fleet.columns import Sizing
 from framework.fleet.columns import Target
+from framework.fleet.columns import deployment_sizing
 from framework.fleet.manifests import Deployment
 from framework.fleet.manifests import ModelSource
 from framework.fleet.manifests import PodSize
@@ -37,6 +37,7 @@ from framework.results.decision import FleetAnswer
 from framework.results.decision import device_of
 from framework.results.decision import fleet_answer
 from framework.results.decision import sizing_row
+from framework.results.rows import param_column
 from framework.results.status import shipped_flags
 from framework.results.verdict import Estimate
 from framework.results.verdict import SweepVerdict
@@ -68,11 +69,13 @@ class Shipped:
     model_sha256: str | None
     workload_sha256: str | None
     dp: int = 1
+    servers: int = 1  # the replicas shape: servers measured together behind a router
 
     @property
     def devices(self) -> int:
-        """Devices of one replica: TP x PP x DP."""
+        """Devices of one server: TP x PP x DP."""
         return self.tp * self.pp * self.dp
+
 
     @property
     def fleet(self) -> FleetAnswer | None:
@@ -119,9 +122,11 @@ def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
     tp = int(flags.get("tensor-parallel-size") or 1)
     pp = int(flags.get("pipeline-parallel-size") or 1)
     dp = int(flags.get("data-parallel-size") or 1)
+    servers = shipped_servers(row, params)
     price = price_of(tp, pp, dp)
     sized = fleet_answer(trials, verdict, currency=spec.pricing.currency,
-                         device=device_of(spec.engine), sizing=Sizing(target, price, tp, pp, dp))
+                         device=device_of(spec.engine),
+                         sizing=deployment_sizing(target, price, tp, pp, dp, servers))
     return Shipped(
         sweep=spec.name, trial=verdict.ship, verdict=verdict, objective=metric, value=est,
         model=str(spec.model), flags=flags, serve_command=str(row["serve_command"]),
@@ -129,7 +134,15 @@ def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
         output_throughput=None if sizing is None else _float(sizing, "output_throughput"),
         sized=sized, price=price,
         model_sha256=_text(row, "model_config_sha256"), workload_sha256=_text(row, "workload_sha256"),
-        dp=dp)
+        dp=dp, servers=servers)
+
+
+def shipped_servers(row: pd.Series, params: Sequence[str]) -> int:
+    """How many servers the shipped trial ran as (its `replicas` shape setting; 1 without)."""
+    if "replicas" not in params:
+        return 1
+    value = row.get(param_column("replicas"))
+    return 1 if value is None or pd.isna(value) else int(value)
 
 
 def served_name(s: Shipped) -> str:
@@ -148,7 +161,8 @@ def deployment(s: Shipped, image: str, *, source: ModelSource | None = None,
     alone, fleet.manifests.Deployment)."""
     return Deployment(name=s.sweep, model=s.model, served_name=served_name(s), flags=s.flags,
                       argv=(s.model, *flag_args(s.flags)), engine=s.engine, gpu=s.gpu, tp=s.tp,
-                      pp=s.pp, replicas=s.fleet.replicas if s.fleet else None, image=image,
+                      pp=s.pp, replicas=s.fleet.replicas if s.fleet else (
+                          s.servers if s.servers > 1 else None), image=image,
                       source=source, api_key_secret=api_key_secret, env=env or {}, size=size,
                       dp=s.dp)
 
@@ -212,7 +226,7 @@ def as_json(s: Shipped) -> dict[str, object]:
         "gain": None if gain is None else {"value": gain.value, "ci95": [gain.low, gain.high]},
         "engine": s.engine, "gpu": s.gpu, "hardware": s.hardware,
         "tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp,
-        "data_parallel_size": s.dp,
+        "data_parallel_size": s.dp, "servers": s.servers,
         "capacity_rps": _finite(s.capacity_rps), "output_throughput": _finite(s.output_throughput),
         "price": None if s.price is None else {
             "per_replica_hour": s.price.per_replica_hour, "per_gpu_hour": s.price.per_gpu_hour,

@@ -50,6 +50,7 @@ REQUEST_COLUMNS: list[tuple[str, str]] = [
     ("scheduled_s", "float"),
     ("session_id", "int"), ("turn", "int"),  # dataset multi_turn; null for single requests
     ("class", "str"), ("workload", "str"),  # its mix class, its workload (several); else null
+    ("replica", "int"),  # the server that answered (replicas shape: its router's header); else null
 ]
 
 
@@ -285,5 +286,5 @@ def request_rows(number: int, outcome: TrialOutcome) -> list[dict[str, object]]:
         "itl_ms": [g * 1000.0 for g in r.itl_s], "prompt_tokens": r.prompt_tokens,
         "output_tokens": r.output_tokens, "success": r.success, "error": r.error or None,
         "session_id": r.session_id, "turn": r.turn,
-        "class": r.request_class, "workload": step.workload,
+        "class": r.request_class, "workload": step.workload, "replica": r.replica,
     } for index, step in enumerate(outcome.steps) for r in step.records]

@@ -20,6 +20,7 @@ import yaml
 
 from framework.base.vocabulary import Scalar
 from framework.base.vocabulary import with_unit
+from framework.config.search_space import SHAPE_SETTINGS
 from framework.engine.server_args import trial_flags
 from framework.results.queries import best_row
 from framework.results.queries import cut_short_mask
@@ -151,9 +152,11 @@ def shipped_flags(trials: pd.DataFrame, number: int, params: Sequence[str],
                   fixed: Mapping[str, Scalar], run_params: Sequence[str] = ()
                   ) -> tuple[pd.Series, dict[str, Scalar | None]]:
     """Trial `number`'s row and every vLLM flag it ran with: the fixed server args and its
-    parameters (none for the vLLM-defaults baseline), run settings left out."""
+    parameters (none for the vLLM-defaults baseline), run settings and shape settings
+    (search_space.SHAPE_SETTINGS: `replicas`, never a vLLM flag) left out."""
     row = trials[trials["trial_number"] == number].iloc[0]
-    values = {p: plain(row[param_column(p)]) for p in params if p not in run_params}
+    values = {p: plain(row[param_column(p)]) for p in params
+              if p not in run_params and p not in SHAPE_SETTINGS}
     return row, trial_flags(fixed, values, bool(row["is_baseline"]))
 
 
@@ -182,6 +185,8 @@ def best_fields(trials: pd.DataFrame, verdict: SweepVerdict, params: list[str],
         "model": model, "flags": flags, "command": str(row["serve_command"])}
     if run_params:
         out["load"] = {p: plain(row[param_column(p)]) for p in run_params}
+    if shape := {p: plain(row[param_column(p)]) for p in params if p in SHAPE_SETTINGS}:
+        out["shape"] = shape
     return out
 
 

@@ -42,7 +42,7 @@ from framework.config.search_space import grid_size
 from framework.config.workloads_spec import class_names
 from framework.engine.feasibility import Feasibility
 from framework.engine.flag_cache import vllm_version
-from framework.fleet.columns import Sizing
+from framework.fleet.columns import deployment_sizing
 from framework.results.console import Progress
 from framework.results.console import print_summary
 from framework.results.decision import device_of
@@ -72,6 +72,7 @@ from framework.sweep.trial_plan import rejection
 from framework.trial.judge import judge
 from framework.trial.measure import LoadPlan
 from framework.trial.objective import per_device
+from framework.trial.replicas import ReplicaLauncher
 from framework.trial.run import Reused
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome
@@ -238,10 +239,10 @@ class Runner:
         """Start the trial in a worker thread, on the parked server for its key if there is
         one (confirmation runs re-measure on fresh servers)."""
         with self._lock:
-            self._waiting[plan.number] = len(plan.wanted)
+            self._waiting[plan.number] = len(plan.all_wanted)
         plan = replace(plan, load=remeasure_load(self.spec, plan.load, plan.proposal,
-                                                 plan.shape.devices, self.store.read_trials()))
-        reuse = None if plan.proposal.confirm_of is not None else self._pool.take(plan.key)
+                                                 plan.devices, self.store.read_trials()))
+        reuse = None if plan.proposal.confirm_of is not None else self._pool.take(plan.server_key)
         log_path = reuse.log_path if reuse else self.store.log_path(plan.number)
         running = Running(plan, feas, log_path)
         loop.running[loop.executor.submit(self._trial, running, reuse, loop.progress)] = running
@@ -261,7 +262,9 @@ class Runner:
         for warning in running.feasibility.warnings if running.feasibility is not None else ():
             progress.phase(number, f"note: {warning}")
         try:
-            return run_trial(self.launcher, lambda host, port: plan.argv(model, host, port),
+            launcher = (self.launcher if plan.replicas == 1
+                        else ReplicaLauncher(self.launcher, plan.replicas))
+            return run_trial(launcher, lambda host, port: plan.argv(model, host, port),
                              plan.load, running.log_path, plan.wanted,
                              phase=lambda text: progress.phase(number, text), on_placed=placed,
                              stop_later=lambda server: self._pool.hand_over(number, server),
@@ -281,7 +284,7 @@ class Runner:
             if value is not None and value > limit * (1 + margin):
                 return f"screening run: {key} {value:.4g} > {limit:g} by more than {margin:.0%}"
         metric = self.spec.objective.metric
-        value = per_device(metrics, plan.shape.devices).get(metric)
+        value = per_device(metrics, plan.devices).get(metric)
         if value is None or not self.tuner.screen(plan.proposal, float(value)):
             return None
         return (f"screening run: {metric} {value:.4g} is more than {margin:.0%} worse than the "
@@ -297,7 +300,7 @@ class Runner:
             plan, outcome = running.plan, fut.result()
             p = plan.proposal
             row = self._record(plan, outcome, running.feasibility, running.log_path)
-            self._pool.settle(p.number, plan.key, outcome.argv, running.log_path)
+            self._pool.settle(p.number, plan.server_key, outcome.argv, running.log_path)
             self.store.publish_logs()  # the logs of the servers stopped since
             self._queue_siblings(p, outcome)
             loop.progress.trial_finished(row, self._ttft_key, self._tpot_key)
@@ -334,16 +337,17 @@ class Runner:
         p, shape = plan.proposal, plan.shape
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
         j = judge(outcome, sla, self.spec.objective, sla_on=self.spec.search.sla_on,
-                  judged=judged, devices=shape.devices, precision=plan.load.precision,
-                  sizing=Sizing(self.sweep.target, self.sweep.price(shape.tp, shape.pp, shape.dp),
-                                shape.tp, shape.pp, shape.dp))
+                  judged=judged, devices=plan.devices, precision=plan.load.precision,
+                  sizing=deployment_sizing(self.sweep.target,
+                                           self.sweep.price(shape.tp, shape.pp, shape.dp),
+                                           shape.tp, shape.pp, shape.dp, plan.replicas))
         outcome, verdict, intervals = j.outcome, j.verdict, j.intervals
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,
                            server_log=self.store.where(server_log or self.store.log_path(p.number)),
                            feasibility=feas, sla=self.spec.sla, provenance=self.provenance,
                            confirmation_of=p.confirm_of, startup_levers=plan.levers,
-                           shape=shape.label,
+                           shape=plan.shape_label,
                            fleet=j.fleet)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         ev = Evaluation(

@@ -40,7 +40,10 @@ class TrialPlan:
     """An asked trial: its vLLM flags as recorded (`serve_flags`: as the server gets them,
     with `load-format: dummy` under server.dummy_weights), its shape, bundles and node unit
     (placement), its server key (trials with equal keys may share a server; the row's
-    `serve_command`) and its load (the sweep's, with the trial's run settings)."""
+    `serve_command`) and its load (the sweep's, with the trial's run settings).
+    `replicas` (a `kind: shape` setting): that many identical servers behind a router, each
+    with `wanted` (its own placement group); `devices`, `all_wanted` and `shape_label` count
+    them all."""
 
     proposal: Proposal
     flags: Mapping[str, Scalar | None]
@@ -51,10 +54,32 @@ class TrialPlan:
     key: str
     load: LoadPlan
     levers: tuple[str, ...] = ()  # start-up levers used (framework.engine.startup_levers)
+    replicas: int = 1
 
     @property
     def number(self) -> int:
         return self.proposal.number
+
+    @property
+    def devices(self) -> int:
+        """Devices of the whole deployment: the shape's (TP x PP x DP) x replicas."""
+        return self.shape.devices * self.replicas
+
+    @property
+    def all_wanted(self) -> tuple[Bundle, ...]:
+        """Every replica's bundles: what the trial needs of the cluster at once."""
+        return self.wanted * self.replicas
+
+    @property
+    def shape_label(self) -> str:
+        """`TP1xPP1` for one server, `2xTP1xPP1` for two replicas of it."""
+        return self.shape.label if self.replicas == 1 else f"{self.replicas}x{self.shape.label}"
+
+    @property
+    def server_key(self) -> str:
+        """Trials with equal keys may share running servers: the serve command, and the
+        replica count when there are several."""
+        return self.key if self.replicas == 1 else f"{self.key}  # x{self.replicas} replicas"
 
     def argv(self, model: str, host: str, port: int) -> list[str]:
         return server_argv(model, self.serve_flags, host, port)
@@ -73,7 +98,8 @@ def plan_trial(sweep: Sweep, p: Proposal, load: LoadPlan) -> TrialPlan:
                      levers=levers.names,
                      wanted=tuple(bundles(shape, spec.engine, spec.cluster.cpus_per_worker)),
                      unit=node_unit(shape), key=serve_command(str(spec.model), flags),
-                     load=with_run_settings(load, spec, sweep.space.run_settings(p.params)))
+                     load=with_run_settings(load, spec, sweep.space.run_settings(p.params)),
+                     replicas=int(sweep.space.shape_settings(p.params).get("replicas", 1)))
 
 
 @dataclass(frozen=True)
@@ -103,9 +129,9 @@ def rejection(sweep: Sweep, plan: TrialPlan, nodes: Sequence[Mapping[str, float]
     as its outcome, with its feasibility; (None, feasibility) when it
     may launch."""
     now = datetime.now(UTC)
-    if not fits(plan.wanted, nodes, plan.unit):
+    if not fits(plan.all_wanted, nodes, plan.unit):
         return TrialOutcome(started_at=now, argv=(), fail_reason="unplaceable",
-                            fail_detail=why_unplaceable(plan.wanted, nodes, plan.unit)), None
+                            fail_detail=why_unplaceable(plan.all_wanted, nodes, plan.unit)), None
     if problem := shape_problem(sweep.spec.engine,
                                 _text(plan.flags.get("distributed-executor-backend")), plan.shape):
         return TrialOutcome(started_at=now, argv=(), fail_reason="infeasible",

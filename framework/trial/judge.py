@@ -49,11 +49,12 @@ def judge(outcome: TrialOutcome, sla: Mapping[str, float], objective: ObjectiveS
     intervals: dict[str, float | str | None] | None = None
     each: list[Verdict] = []
     target, price, tp, pp, dp = sizing.target, sizing.price, sizing.tp, sizing.pp, sizing.dp
+    servers = sizing.servers
     if outcome.ok:
         runs = with_objectives([per_device(r, devices) for r in outcome.runs or (outcome.metrics,)],
-                               target, price, tp, pp, dp)
+                               target, price, tp, pp, dp, servers)
         outcome = replace(outcome, metrics=with_objectives(
-            [per_device(outcome.metrics, devices)], target, price, tp, pp, dp)[0])
+            [per_device(outcome.metrics, devices)], target, price, tp, pp, dp, servers)[0])
         verdict, repeated = evaluate_repeated(runs, sla, objective.metric, objective.pareto_with,
                                               sla_on, judged)
         if outcome.workloads:  # the SLA on each workload, their objectives aggregated
@@ -64,4 +65,4 @@ def judge(outcome: TrialOutcome, sla: Mapping[str, float], objective: ObjectiveS
                                                       if objective.metric in r],  # no value: none
                                                      precision, outcome.precision_stop)}
     return Judged(outcome, verdict, intervals,
-                  each, fleet_values(outcome.metrics, target, price, tp, pp, dp))
+                  each, fleet_values(outcome.metrics, target, price, tp, pp, dp, servers))

@@ -59,10 +59,19 @@ SCRAPE_TIMEOUT_S = 10.0
 
 
 class ServerHandle(Protocol):
-    base_url: str
-    node_ip: str
-    pid: int  # of the process serving the API (the server actor's)
-    placement: tuple[str, ...]  # node IP of each placement-group bundle
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def node_ip(self) -> str: ...
+
+    @property
+    def pid(self) -> int:
+        """Of the process serving the API (the server actor's)."""
+
+    @property
+    def placement(self) -> tuple[str, ...]:
+        """Node IP of each placement-group bundle."""
 
     def is_alive(self) -> bool: ...
 
@@ -302,8 +311,10 @@ def run_trial(launcher: ServerLauncher, argv_for_port: Callable[[str, int], list
     starting = False  # inside the gate's busy work
     try:
         def remember(host: str, port: int) -> list[str]:
-            argv.extend(argv_for_port(host, port))
-            return argv
+            built = argv_for_port(host, port)
+            if not argv:  # several servers (replicas): the first one's argv is recorded
+                argv.extend(built)
+            return built
 
         def placed() -> None:
             nonlocal placement_wait_s, deadline, gate_wait_s, starting, go_at

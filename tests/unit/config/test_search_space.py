@@ -166,3 +166,34 @@ def test_grid_refuses_what_it_cannot_enumerate(parameters, message):
     space = SearchSpace.model_validate({"parameters": parameters})
     with pytest.raises(ValueError, match=message):
         grid_values(space)
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"replicas": {"type": "int", "low": 1, "high": 4}}, "mark it kind: shape"),
+    ({"max-num-seqs": {"type": "int", "low": 1, "high": 4, "kind": "shape"}},
+     "kind: shape is for replicas"),
+    ({"replicas": {"type": "int", "low": 0, "high": 2, "kind": "shape"}}, "whole number >= 1"),
+    ({"replicas": {"type": "float", "low": 1, "high": 2, "kind": "shape"}}, "whole number >= 1"),
+    ({"replicas": {"type": "categorical", "choices": [1, "two"], "kind": "shape"}},
+     "whole number >= 1"),
+    ({"replicas": {"type": "int", "low": 1, "high": 2, "kind": "shape", "lossy": True}},
+     "neither lossy nor when"),
+])
+def test_bad_shape_parameters_are_rejected(parameters, message):
+    with pytest.raises(ValidationError) as err:
+        SearchSpace.model_validate({"parameters": parameters})
+    assert message in str(err.value)
+
+
+def test_a_shape_parameter_is_neither_a_flag_nor_a_run_setting():
+    space = SearchSpace.model_validate({"parameters": {
+        "max-num-seqs": {"type": "int", "low": 1, "high": 4, "default": 4},
+        "replicas": {"type": "categorical", "choices": [1, 2], "kind": "shape", "default": 1},
+        "max-concurrency": {"type": "categorical", "choices": [2, 4], "kind": "run",
+                            "default": 4}}})
+    params = {"max-num-seqs": 2, "replicas": 2, "max-concurrency": 4}
+    assert space.shape_params == ("replicas",)
+    assert space.server_params(params) == {"max-num-seqs": 2}
+    assert space.shape_settings(params) == {"replicas": 2}
+    assert space.run_settings(params) == {"max_concurrency": 4}
+    assert space.defaults()["replicas"] == 1

@@ -132,3 +132,29 @@ def test_target_spec(data, ok):
     else:
         with pytest.raises(ValueError):
             TargetSpec(**data)
+
+
+@pytest.mark.parametrize(("servers", "capacity", "replicas", "gpus", "cost", "per_mtok"), [
+    # one TP-2 server at $4/h, 8 req/s: 40 req/s needs 5 servers, 10 GPUs, $20/h
+    (1, 8.0, 5, 10, 20.0, 4.0 / (1000 * 3600) * 1e6),
+    # two TP-2 servers measured together carry 12 req/s: 40 needs 4 groups = 8 servers
+    (2, 12.0, 8, 16, 32.0, 8.0 / (1000 * 3600) * 1e6),
+    # three servers, 30 req/s together: 2 groups = 6 servers
+    (3, 30.0, 6, 12, 24.0, 12.0 / (1000 * 3600) * 1e6),
+])
+def test_a_replicas_deployment_is_sized_in_whole_groups_of_its_servers(servers, capacity, replicas,
+                                                                      gpus, cost, per_mtok):
+    from framework.fleet.columns import Target
+    from framework.fleet.columns import deployment_sizing
+    from framework.fleet.columns import fleet_values
+
+    one = resolve_price(PricingSpec(per_gpu_hour=2.0), engine="gpu", gpu="H100-80GB", tp=2)
+    sizing = deployment_sizing(Target(40.0), one, tp=2, servers=servers)
+    values = fleet_values({"capacity_rps": capacity, "output_throughput": 1000.0}, sizing.target,
+                          sizing.price, sizing.tp, sizing.pp, sizing.dp, sizing.servers)
+    assert values["price_per_replica_hour"] == pytest.approx(4.0)  # one server's, always
+    assert values["replicas_for_target"] == replicas  # servers, in whole groups
+    assert values["gpus_for_target"] == gpus
+    assert values["cost_per_hour_for_target"] == pytest.approx(cost)
+    # the group's price over the group's measured throughput
+    assert values["cost_per_mtok_output"] == pytest.approx(per_mtok)

@@ -1,0 +1,299 @@
+"""A minimal HTTP router: the entry point of a "replicas" trial (N identical vLLM servers).
+
+The load generator talks to this router only; the router spreads `POST /v1/...` requests over
+the backends with a policy and streams each answer back chunk by chunk (SSE is never
+buffered). It is a plain aiohttp process, chosen so that the replicas shape has no Ray Serve
+dependency in the measured path; its own overhead (one Python event loop copying every byte)
+is to be measured against a bare server in docs/BENCHMARKS.md by whoever integrates it.
+
+    python -m framework.engine.router --host 127.0.0.1 --port P \
+        --backend http://127.0.0.1:A --backend http://127.0.0.1:B \
+        [--policy round_robin|least_outstanding] [--ready-file PATH]
+
+Once listening it prints one line `vllm-sweep router ready on http://HOST:PORT` (port 0 binds
+a free port, shown there) and, with --ready-file, writes that URL to the file (atomic rename),
+so a launcher waits on the file's appearance. SIGTERM or SIGINT closes it (exit 0).
+
+Routes:
+- `POST /v1/...`: to the backend the policy picks; the answer keeps the backend's status and
+  content type and carries `X-Vllm-Sweep-Replica: <index>` (0-based, argv order). A backend
+  that cannot be reached gives 502 with a one-line JSON error naming it.
+- other `GET /v1/...` (e.g. /v1/models): to backend 0.
+- `GET /health`: 200 when every backend's /health answers 200, else 503 naming those that do not.
+- `GET /metrics`: every backend's page merged by `merge_metrics` into one exposition: a sample
+  with an `engine` label gets `engine="<replica>.<engine>"` (engine "0" of backend 1 is
+  "1.0"), one without gets `replica="<index>"`, so no two series collide and
+  framework/engine/server_metrics.py counts each replica's engines separately
+  (`vllm:request_success_total` per `engine`).
+
+Policies (POLICIES, by name): `round_robin` cycles 0..N-1 whatever the load;
+`least_outstanding` picks the backend with the fewest requests in flight, ties going to the
+first index after its last pick (equal loads still alternate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from framework.base.vocabulary import REPLICA_HEADER
+
+READY_PREFIX = "vllm-sweep router ready on "
+CONNECT_TIMEOUT_S = 10.0  # to open a backend connection; streams themselves have no bound
+PROBE_TIMEOUT_S = 10.0  # one backend's /health or /metrics answer
+MAX_BODY_BYTES = 256 * 1024 * 1024  # long prompts and images: far above aiohttp's 1 MiB
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SHUTDOWN_GRACE_S = 1.0  # in-flight streams are not waited for at SIGTERM
+# Not forwarded: hop-by-hop (RFC 9110 7.6.1), Host, and what aiohttp sets from the body.
+_DROPPED = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                      "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+                      "host", "content-length", "accept-encoding"})
+
+
+class Policy(Protocol):
+    """Picks the backend of the next request from the requests in flight on each."""
+
+    def pick(self, outstanding: Sequence[int]) -> int: ...
+
+
+class RoundRobin:
+    """0, 1, ..., N-1, 0, ... regardless of `outstanding`."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.next = n, 0
+
+    def pick(self, outstanding: Sequence[int]) -> int:
+        index, self.next = self.next, (self.next + 1) % self.n
+        return index
+
+
+class LeastOutstanding:
+    """Fewest in flight; among ties, the first index after the last pick (cyclically)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.last = n, n - 1
+
+    def pick(self, outstanding: Sequence[int]) -> int:
+        order = [(self.last + 1 + k) % self.n for k in range(self.n)]
+        self.last = min(order, key=lambda i: outstanding[i])  # min keeps the first of ties
+        return self.last
+
+
+POLICIES: dict[str, Callable[[int], Policy]] = {
+    "round_robin": RoundRobin,
+    "least_outstanding": LeastOutstanding,
+}
+
+
+def router_argv(host: str, port: int, backends: Sequence[str], policy: str,
+                ready_file: str | None) -> list[str]:
+    """The command line that runs this router with the current interpreter. Pure."""
+    argv = [sys.executable, "-m", "framework.engine.router", "--host", host, "--port", str(port)]
+    for backend in backends:
+        argv += ["--backend", backend]
+    argv += ["--policy", policy]
+    return argv + (["--ready-file", ready_file] if ready_file is not None else [])
+
+
+class _Families:
+    """A prometheus_client Collector over given families (what generate_latest reads)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def merge_metrics(pages: Sequence[str | None]) -> str:
+    """One Prometheus text exposition from each backend's /metrics page (index = replica).
+
+    Each family keeps one HELP/TYPE (the first page's) followed by the samples of every page
+    in page order; a sample's `engine` label becomes "<replica>.<engine>", a sample without one
+    gets `replica="<replica>"` (replacing any such label). A page that is None (its scrape
+    failed) is left out and named in a comment `# backend <i> unreachable`; one that does not
+    parse, in `# backend <i> unparsable`. Pure.
+    """
+    comments: list[str] = []
+    merged: dict[str, Metric] = {}
+    for replica, page in enumerate(pages):
+        if page is None:
+            comments.append(f"# backend {replica} unreachable\n")
+            continue
+        try:
+            families = list(text_string_to_metric_families(page))
+        except ValueError:
+            comments.append(f"# backend {replica} unparsable\n")
+            continue
+        for family in families:
+            into = merged.get(family.name)
+            if into is None:
+                into = merged[family.name] = Metric(family.name, family.documentation, family.type,
+                                                    family.unit)
+            for sample in family.samples:
+                labels = dict(sample.labels)
+                if "engine" in labels:
+                    labels["engine"] = f"{replica}.{labels['engine']}"
+                else:
+                    labels["replica"] = str(replica)
+                into.samples.append(sample._replace(labels=labels))
+    return "".join(comments) + generate_latest(_Families(merged.values())).decode()
+
+
+class Router:
+    """The aiohttp application's state: backends, policy, in-flight counts, one session."""
+
+    def __init__(self, backends: Sequence[str], policy: Policy) -> None:
+        self.backends = [b.rstrip("/") for b in backends]
+        self.policy = policy
+        self.outstanding = [0] * len(backends)
+        self.session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.add_routes([web.get("/health", self.health), web.get("/metrics", self.metrics),
+                        web.post("/v1/{tail:.*}", self.forward),
+                        web.get("/v1/{tail:.*}", self.forward)])
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _: web.Application) -> None:
+        # No total timeout (generations run for minutes), no connection cap (hundreds of streams).
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+
+    async def _close(self, _: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "the session opens at the application's start-up"
+        return self.session
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        """POST: to the policy's pick; GET: to backend 0. Streams the answer as it arrives."""
+        index = self.policy.pick(self.outstanding) if request.method == "POST" else 0
+        backend = self.backends[index]
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
+        response: web.StreamResponse | None = None
+        self.outstanding[index] += 1
+        try:
+            body = await request.read()
+            async with self._client().request(request.method, backend + str(request.rel_url),
+                                              headers=headers, data=body) as upstream:
+                response = web.StreamResponse(status=upstream.status, headers={
+                    REPLICA_HEADER: str(index),
+                    "Content-Type": upstream.headers.get("Content-Type", "application/octet-stream")})
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except aiohttp.ClientError as exc:
+            if response is not None and response.prepared:
+                # Mid-stream the client must see a truncated body, not a made-up status; a
+                # client that left (its transport closing) is no backend failure.
+                if request.transport is not None and not request.transport.is_closing():
+                    print(f"router: backend {index} ({backend}) failed mid-stream: {exc!r}",
+                          file=sys.stderr, flush=True)
+                    request.transport.close()
+                return response
+            error = {"error": f"backend {index} ({backend}) unreachable: {exc!r}"}
+            return web.Response(status=502, text=json.dumps(error) + "\n",
+                                content_type="application/json", headers={REPLICA_HEADER: str(index)})
+        finally:
+            self.outstanding[index] -= 1
+
+    async def _get(self, index: int, path: str) -> tuple[int, str]:
+        """(status, body) of GET backend+path; an unreachable backend raises OSError/ClientError."""
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        async with self._client().get(self.backends[index] + path, timeout=timeout) as r:
+            return r.status, await r.text()
+
+    async def _get_all(self, path: str) -> list[tuple[int, str] | BaseException]:
+        return await asyncio.gather(*(self._get(i, path) for i in range(len(self.backends))),
+                                    return_exceptions=True)
+
+    async def health(self, _: web.Request) -> web.Response:
+        """200 when every backend's /health is 200; else 503 listing the failing ones."""
+        failing = []
+        for index, got in enumerate(await self._get_all("/health")):
+            if isinstance(got, BaseException) or got[0] != 200:
+                why = f"status {got[0]}" if not isinstance(got, BaseException) else repr(got)
+                failing.append(f"backend {index} ({self.backends[index]}): {why}")
+        if failing:
+            return web.Response(status=503, text="unhealthy: " + "; ".join(failing) + "\n")
+        return web.Response(text="")
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        """Every backend's /metrics, relabelled and merged (merge_metrics)."""
+        pages = [got[1] if not isinstance(got, BaseException) and got[0] == 200 else None
+                 for got in await self._get_all("/metrics")]
+        text = await asyncio.get_running_loop().run_in_executor(None, merge_metrics, pages)
+        return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m framework.engine.router", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True, help="0: any free port")
+    p.add_argument("--backend", action="append", required=True, help="base URL; repeat per replica")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="round_robin")
+    p.add_argument("--ready-file", default=None, help="gets the router's URL once it listens")
+    return p.parse_args(list(argv))
+
+
+def write_ready_file(path: str, url: str) -> None:
+    """Write `url` to `path` so that the file appears complete: a new temporary file beside
+    it, then an atomic rename."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "x") as f:
+        f.write(url + "\n")
+    os.replace(tmp, path)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Listen, announce readiness (stdout line, ready file), serve until SIGTERM/SIGINT."""
+    router = Router(args.backend, POLICIES[args.policy](len(args.backend)))
+    runner = web.AppRunner(router.app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"http://{host}:{runner.addresses[0][1]}"
+        print(READY_PREFIX + url, flush=True)
+        if args.ready_file:
+            write_ready_file(args.ready_file, url)
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # closes the site, then the application (its client session)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    asyncio.run(serve(parse_args(sys.argv[1:] if argv is None else argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""framework/engine/router.py: its policies and metrics merge (pure, table tests), and the router
+process itself in front of two FakeEngines and in front of a stub backend whose stream waits on
+the test (so chunk-by-chunk forwarding is checked on an event, not on timing)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter
+from prometheus_client import Gauge
+from prometheus_client import Histogram
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from framework.cluster.ports import pick_port
+from framework.engine import control
+from framework.engine.router import POLICIES
+from framework.engine.router import READY_PREFIX
+from framework.engine.router import REPLICA_HEADER
+from framework.engine.router import merge_metrics
+from framework.engine.router import router_argv
+from framework.engine.server_metrics import parse_metrics
+from framework.load.loadgen import wait_ready
+from tests.engines import start_engine
+from tests.engines import stop_engine
+
+GUARD_S = 60.0  # failure guard only: every wait below ends on an event
+API_KEY = "router-test-key"  # the FakeEngines' VLLM_API_KEY: Authorization must pass the router
+
+
+@pytest.mark.parametrize(("name", "loads", "picks"), [
+    ("round_robin", [[0, 0, 0]] * 4, [0, 1, 2, 0]),
+    ("round_robin", [[5, 0, 0], [5, 1, 0], [5, 1, 1], [5, 1, 1]], [0, 1, 2, 0]),  # load ignored
+    ("least_outstanding", [[0, 0, 0]] * 4, [0, 1, 2, 0]),  # ties alternate
+    ("least_outstanding", [[2, 0, 1], [2, 1, 1], [2, 1, 1], [2, 2, 2]], [1, 2, 1, 2]),
+    ("least_outstanding", [[1, 1], [0, 1], [0, 0], [0, 0]], [0, 0, 1, 0]),
+])
+def test_policies(name, loads, picks):
+    policy = POLICIES[name](len(loads[0]))
+    assert [policy.pick(load) for load in loads] == picks
+
+
+def page(values: dict[str, float], engines: tuple[str, ...] = ("0",)) -> str:
+    """A vLLM-like /metrics page: a counter and a histogram per engine, an unlabelled gauge."""
+    registry = CollectorRegistry()
+    success = Counter("vllm:request_success", "Finished requests.", ["engine", "finished_reason"],
+                      registry=registry)
+    latency = Histogram("vllm:e2e_request_latency_seconds", "Latency.", ["engine"],
+                        buckets=[0.1, 1.0], registry=registry)
+    cpu = Gauge("process_cpu_seconds", "CPU.", registry=registry)
+    for engine in engines:
+        success.labels(engine, "length").inc(values["success"])
+        latency.labels(engine).observe(values["latency"])
+    cpu.set(values["cpu"])
+    return generate_latest(registry).decode()
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text)
+            for s in f.samples]
+
+
+def test_merge_metrics_relabels_each_replica_and_keeps_one_header_per_family():
+    merged = merge_metrics([page({"success": 3, "latency": 0.5, "cpu": 1.5}),
+                            page({"success": 5, "latency": 2.0, "cpu": 2.5})])
+    headers = [line for line in merged.splitlines() if line.startswith("# ")]
+    assert len(headers) == len(set(headers)), "each HELP/TYPE once"
+    assert merged.count("# TYPE vllm:request_success_total counter") == 1
+    got = samples(merged)  # parses again
+    success = {s[1]["engine"]: s[2] for s in got if s[0] == "vllm:request_success_total"}
+    assert success == {"0.0": 3.0, "1.0": 5.0}
+    assert {s[1]["engine"] for s in got if s[0] == "vllm:request_success_created"} == {"0.0", "1.0"}
+    assert {(s[1]["replica"], s[2]) for s in got if s[0] == "process_cpu_seconds"} == {("0", 1.5),
+                                                                                        ("1", 2.5)}
+    for suffix in ("_bucket", "_sum", "_count"):
+        name = "vllm:e2e_request_latency_seconds" + suffix
+        assert {s[1]["engine"] for s in got if s[0] == name} == {"0.0", "1.0"}
+    inf = {s[1]["engine"]: s[2] for s in got
+           if s[0].endswith("_bucket") and s[1]["le"] == "+Inf"}
+    assert inf == {"0.0": 1.0, "1.0": 1.0}
+    series = [(s[0], tuple(sorted(s[1].items()))) for s in got]
+    assert len(series) == len(set(series)), "no two series collide"
+    values = parse_metrics(merged)
+    assert values["vllm:request_success_total@engine=1.0"] == 5.0
+
+
+@pytest.mark.parametrize(("pages", "comments", "engines"), [
+    ([page({"success": 2, "latency": 0.5, "cpu": 1.0}, engines=("0", "1"))], [], {"0.0", "0.1"}),
+    ([None, page({"success": 2, "latency": 0.5, "cpu": 1.0})], ["# backend 0 unreachable"], {"1.0"}),
+    (["}{ not a page", None], ["# backend 0 unparsable", "# backend 1 unreachable"], set()),
+    # FakeEngine's page: no HELP/TYPE at all
+    (['vllm:num_requests_running 1\nvllm:request_success_total{engine="0",finished_reason="length"} 4\n',
+      'vllm:num_requests_running 2\nvllm:request_success_total{engine="0",finished_reason="length"} 3\n'],
+     [], {"0.0", "1.0"}),
+])
+def test_merge_metrics_single_failed_and_headerless_pages(pages, comments, engines):
+    merged = merge_metrics(pages)
+    assert [line for line in merged.splitlines()
+            if line.startswith("# backend")] == comments
+    got = samples(merged)
+    assert {s[1]["engine"] for s in got if s[0] == "vllm:request_success_total"} == engines
+    assert all(("engine" in s[1]) != ("replica" in s[1]) for s in got)
+
+
+def test_router_argv():
+    argv = router_argv("127.0.0.1", 8100, ["http://a:1", "http://b:2"], "least_outstanding", None)
+    assert argv[1:] == ["-m", "framework.engine.router", "--host", "127.0.0.1", "--port", "8100",
+                        "--backend", "http://a:1", "--backend", "http://b:2",
+                        "--policy", "least_outstanding"]
+    assert router_argv("h", 1, ["u"], "round_robin", "/r")[-2:] == ["--ready-file", "/r"]
+
+
+def start_router(backends: list[str], tmp_path: Path, policy: str = "round_robin"):
+    """The router on a free port (--port 0): (process, its URL) once its ready file appears."""
+    ready, log = tmp_path / "router.ready", tmp_path / "router.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(router_argv("127.0.0.1", 0, backends, policy, str(ready)),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + GUARD_S
+    while not ready.exists():
+        assert proc.poll() is None, f"router exited: {log.read_text()}"
+        assert time.monotonic() < deadline, f"router not ready: {log.read_text()}"
+        time.sleep(0.05)
+    url = ready.read_text().strip()
+    assert log.read_text().splitlines()[0] == READY_PREFIX + url
+    return proc, url
+
+
+def stop_router(proc: subprocess.Popen) -> int:
+    """SIGTERM by pid; its exit status (SIGKILL as a last resort)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(timeout=GUARD_S)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=GUARD_S) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def complete(url: str, key: str = API_KEY) -> tuple[int, str, str, list[str]]:
+    """A streaming completion: (status, replica header, content type, its `data:` lines)."""
+    body = {"model": "fake", "prompt": "hello there", "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=GUARD_S) as r:
+        lines = [ln.decode().strip() for ln in r if ln.startswith(b"data:")]
+        return r.status, r.headers[REPLICA_HEADER], r.headers["Content-Type"], lines
+
+
+@pytest.mark.timeout(120)
+def test_router_in_front_of_two_fake_engines(tmp_path):
+    env = dict(os.environ, FAKE_ENGINE_STARTUP_S="0", FAKE_ENGINE_TTFT_MS="1", FAKE_ENGINE_TPOT_MS="1")
+    env.pop(control.SOCKET_VAR, None)
+    env["VLLM_API_KEY"] = API_KEY
+    ports: list[int] = []
+    for _ in range(2):
+        ports.append(pick_port("127.0.0.1", ports))
+    backends = [f"http://127.0.0.1:{p}" for p in ports]
+    engines, router = [], None
+    try:
+        for i, port in enumerate(ports):
+            argv = ["--model", "fake", "--host", "127.0.0.1", "--port", str(port)]
+            engines.append(start_engine("framework.engine.fake_engine", argv, env,
+                                        tmp_path / f"engine{i}.log"))
+        for proc, backend in zip(engines, backends):
+            assert asyncio.run(wait_ready(backend, GUARD_S, is_alive=lambda p=proc: p.poll() is None))
+        router, url = start_router(backends, tmp_path)
+
+        answers = [complete(url) for _ in range(8)]
+        assert [a[1] for a in answers] == ["0", "1"] * 4
+        for status, _, content_type, lines in answers:
+            assert status == 200 and content_type.startswith("text/event-stream")
+            assert lines[-1] == "data: [DONE]"
+            assert json.loads(lines[-2][len("data:"):])["usage"]["completion_tokens"] == 4
+        with pytest.raises(urllib.error.HTTPError) as err:
+            complete(url, key="wrong")  # the backend's own status comes back (not counted)
+        assert err.value.code == 401 and err.value.headers[REPLICA_HEADER] == "0"
+
+        status, text = get(f"{url}/metrics")
+        assert status == 200
+        values = parse_metrics(text)
+        per_replica = {k: v for k, v in values.items() if "@engine=" in k}
+        assert per_replica == {"vllm:request_success_total@engine=0.0": 4.0,
+                               "vllm:request_success_total@engine=1.0": 4.0}
+        assert sum(per_replica.values()) == 8
+
+        assert get(f"{url}/health") == (200, "")
+        stop_engine(engines[1])
+        status, text = get(f"{url}/health")
+        assert status == 503 and "backend 1" in text and backends[1] in text and "backend 0" not in text
+        status, text = get(f"{url}/metrics")
+        assert status == 200 and "# backend 1 unreachable" in text
+        assert stop_router(router) == 0
+    finally:
+        if router is not None:
+            stop_router(router)
+        for proc in engines:
+            stop_engine(proc)
+
+
+class StubBackend(http.server.BaseHTTPRequestHandler):
+    """POST: one SSE event, then (after the test sets `release`) `data: [DONE]`; HTTP/1.0, so
+    the body ends when the connection closes. GET /health: 200."""
+
+    release = threading.Event()
+    protocol_version = "HTTP/1.0"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"first": true}\n\n')
+        self.wfile.flush()
+        assert self.release.wait(GUARD_S)
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_router_streams_chunk_by_chunk_and_answers_502_for_a_dead_backend(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubBackend)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    dead = f"http://127.0.0.1:{pick_port('127.0.0.1', [server.server_port])}"  # nothing listens
+    router = None
+    try:
+        router, url = start_router([f"http://127.0.0.1:{server.server_port}", dead], tmp_path)
+        req = urllib.request.Request(f"{url}/v1/completions", data=b'{"stream": true}',
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=GUARD_S) as r:
+            assert r.headers[REPLICA_HEADER] == "0"
+            # the first event arrives while the backend still holds the rest
+            assert r.readline() == b'data: {"first": true}\n'
+            StubBackend.release.set()
+            assert r.read() == b"\ndata: [DONE]\n\n"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=GUARD_S)
+        assert err.value.code == 502 and err.value.headers[REPLICA_HEADER] == "1"
+        error = json.loads(err.value.read())["error"]
+        assert "backend 1" in error and dead in error
+        status, text = get(f"{url}/health")
+        assert status == 503 and dead in text and "backend 0" not in text
+        assert stop_router(router) == 0
+    finally:
+        if router is not None:
+            stop_router(router)
+        server.shutdown()
+        server.server_close()
