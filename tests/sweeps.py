@@ -57,6 +57,12 @@ def read_trials(results: Path, name: str) -> pd.DataFrame:
         " ORDER BY trial_number").df()
 
 
+def read_requests(results: Path, name: str) -> pd.DataFrame:
+    return duckdb.sql(
+        f"SELECT * FROM read_parquet('{results}/{name}/requests/**/*.parquet', "
+        "hive_partitioning=true, union_by_name=true) ORDER BY trial_number, request_index").df()
+
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 

@@ -291,7 +291,15 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    asyncio.run(serve(parse_args(sys.argv[1:] if argv is None else argv)))
+    """Serve on uvloop where installed (vLLM's own dependency: its API server runs on it),
+    else on asyncio's loop: the router's CPU per streamed chunk is what it costs a trial."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args))
+    else:
+        uvloop.run(serve(args))
     return 0
 
 

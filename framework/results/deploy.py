@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -206,6 +207,27 @@ def size_of(s: Shipped, weights: int | None, *, kv_space_gib: float = 0.0,
     return pod_size(s.engine, workers, weights_bytes=weights, kv_cache_bytes=kv,
                     node_cpus=node_cpus(s.hardware),
                     download_bytes=(weights or 0) if from_hub else 0)
+
+
+SERVE_PORT = 8000  # the entry point's port in `export --format serve` (vLLM's default)
+
+
+def serve_text(s: Shipped) -> str:
+    """`export --format serve`: the command to run. One server: its `vllm serve` line. The
+    replicas shape: one `vllm serve` per server on ports SERVE_PORT+1.., then the router it was
+    measured behind (framework/engine/router.py) on SERVE_PORT, as it ran in the sweep."""
+    if s.servers == 1:
+        return s.serve_command + "\n"
+    ports = [SERVE_PORT + 1 + i for i in range(s.servers)]
+    lines = [f"# {s.servers} replicas of one server behind a router, as measured "
+             f"(trial {s.trial}); run each server where its devices are"]
+    lines += [shlex.join(["vllm", "serve", s.model, *flag_args(s.flags), "--port", str(port)])
+              for port in ports]
+    router = ["python", "-m", "framework.engine.router", "--host", "0.0.0.0", "--port",
+              str(SERVE_PORT)]
+    for port in ports:
+        router += ["--backend", f"http://127.0.0.1:{port}"]
+    return "\n".join([*lines, shlex.join(router)]) + "\n"
 
 
 def _finite(x: float | None) -> float | None:

@@ -220,7 +220,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return EXIT_NOTHING
     version = trials.loc[trials["trial_number"] == found.trial, "vllm_version"].iloc[0]
     if args.format == "serve":
-        text = found.serve_command + "\n"
+        text = deploy.serve_text(found)
     elif args.format == "json":
         text = json.dumps(deploy.as_json(found), indent=2) + "\n"
     elif args.format == "ray-serve":

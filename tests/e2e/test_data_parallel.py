@@ -1,9 +1,10 @@
-"""sweeps/shapes_cpu.yaml on real parts (a vLLM CPU server per trial on the shared Ray, Parquet
-read back): one engine against vLLM's own data parallel (`--data-parallel-size 2`, #36's first
-shape), kept small (40 requests, no confirmation runs). Guards: a DP trial reserving one
-engine's bundle only (placement), vLLM's DP engines not both serving (vLLM's internal load
-balancing behind our one API server, read from its per-engine `vllm:request_success_total`),
-and the shape reaching the rows, the per-device metrics and the shipped configuration."""
+"""sweeps/shapes_cpu.yaml on real parts (vLLM CPU servers on the shared Ray, Parquet read back):
+its four shapes, one server, 2 replicas behind the router, vLLM's own data parallel
+(`--data-parallel-size 2`) and 2 replicas of DP 2 (#36), kept small (24 requests, no
+confirmation runs). Guards: a trial reserving fewer bundles than its servers and engines
+(placement), a replica or a DP engine that serves nothing (the router's per-request header;
+vLLM's per-engine `vllm:request_success_total`, relabelled per replica by the router), and the
+shape reaching the rows, the per-device metrics and the shipped configuration's exports."""
 
 from __future__ import annotations
 
@@ -15,18 +16,22 @@ import yaml
 from tests.cli import run_joined
 from tests.clusters import join_shared
 from tests.paths import ROOT
+from tests.sweeps import read_requests
 from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
 
 
-@pytest.mark.timeout(600)
-def test_one_engine_and_data_parallel_2_are_both_measured(shared_ray, tiny_model, short_tmp):
+PROMPTS = 24
+
+
+@pytest.mark.timeout(900)
+def test_four_deployment_shapes_are_each_measured(shared_ray, tiny_model, short_tmp):
     sweep = yaml.safe_load((ROOT / "sweeps" / "shapes_cpu.yaml").read_text())
     sweep["model"] = str(tiny_model)
     sweep["search_space"] = str(ROOT / sweep["search_space"])
     sweep["results_dir"] = str(short_tmp / "results")
-    sweep["workload"].update(num_prompts=40, warmup_requests=4)
+    sweep["workload"].update(num_prompts=PROMPTS, warmup_requests=4)
     # what is tested is the shapes and their rows: every request sent (no early stop) and no
     # trial failing the SLA for this machine's speed
     sweep["search"].update(confirm_top=0, stop_early=False)
@@ -37,28 +42,50 @@ def test_one_engine_and_data_parallel_2_are_both_measured(shared_ray, tiny_model
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     trials = read_trials(short_tmp / "results", "shapes_cpu").set_index(
-        "param_data_parallel_size")
-    assert sorted(trials.index) == [1, 2]
+        ["param_replicas", "param_data_parallel_size"]).sort_index()
+    assert list(trials.index) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert (trials["state"] == "COMPLETE").all(), trials[["fail_reason", "fail_detail"]]
-    assert (trials["completed"] == 40).all()
-    one, dp = trials.loc[1], trials.loc[2]
-    assert (one["shape"], dp["shape"]) == ("TP1xPP1", "TP1xPP1xDP2")
-    assert len(one["placement"]) == 1 and len(dp["placement"]) == 2  # a bundle per engine
-    assert "--data-parallel-size 2" in dp["serve_command"]
-    # both engines finished requests: vLLM balanced them (48/52 when probed)
-    assert (one["engines_served"], one["engine_share_min"]) == (1, 1.0)
-    assert dp["engines_served"] == 2 and 0 < dp["engine_share_min"] <= 0.5
-    # per-device metrics count both engines' devices
-    assert dp["output_throughput_per_gpu"] == pytest.approx(dp["output_throughput"] / 2)
+    assert (trials["completed"] == PROMPTS).all()
+    assert list(trials["shape"]) == ["TP1xPP1", "TP1xPP1xDP2", "2xTP1xPP1", "2xTP1xPP1xDP2"]
+    # a bundle per engine, every server's
+    assert [len(p) for p in trials["placement"]] == [1, 2, 2, 4]
+    # every engine of every server finished requests: vLLM balanced its DP engines (48/52
+    # when probed), the router alternated its replicas
+    assert list(trials["engines_served"]) == [1, 2, 2, 4]
+    assert (trials["engine_share_min"] > 0).all()
+    one, dp = trials.loc[(1, 1)], trials.loc[(1, 2)]
+    assert one["engine_share_min"] == 1.0 and "--data-parallel-size 2" in dp["serve_command"]
+    # a shape is not a vLLM flag; per-device metrics count every server's devices
+    assert "replicas" not in " ".join(trials["serve_command"])
+    for (replicas, size), row in trials.iterrows():
+        assert row["output_throughput_per_gpu"] == pytest.approx(
+            row["output_throughput"] / (replicas * size))
+    # each request row names the replica that answered: 12 each, round robin after 4 warm-ups
+    requests = read_requests(short_tmp / "results", "shapes_cpu")
+    for (replicas, _), row in trials.iterrows():
+        mine = requests[requests["trial_number"] == row["trial_number"]]
+        if replicas == 1:
+            assert mine["replica"].isna().all()
+        else:
+            assert mine["replica"].value_counts().to_dict() == {0: PROMPTS // 2, 1: PROMPTS // 2}
 
-    # whichever shape ships (the measurement's call), its export counts its engines, and its
-    # Ray Serve LLM config passes Ray's own classes (build_dp_openai_app for DP 2)
+    # whichever shape ships (the measurement's call), its exports count its servers and
+    # engines: the JSON, a runnable command per server (and the router), and a Ray Serve LLM
+    # config Ray's own classes accept (build_dp_openai_app for DP 2; num_replicas the servers)
     export = run_joined(shared_ray, ["export", str(path), "--format", "json"], short_tmp)
     assert export.returncode == 0, export.stdout[-2000:] + export.stderr[-2000:]
     shipped = json.loads(export.stdout)
-    winner = int(shipped["flags"].get("data-parallel-size") or 1)
-    assert shipped["data_parallel_size"] == winner
+    size = int(shipped["flags"].get("data-parallel-size") or 1)
+    servers = int(trials.loc[trials["trial_number"] == shipped["trial"]].index[0][0])
+    assert (shipped["data_parallel_size"], shipped["servers"]) == (size, servers)
+    assert "replicas" not in shipped["flags"]
+    command = run_joined(shared_ray, ["export", str(path), "--format", "serve"], short_tmp)
+    assert command.returncode == 0, command.stderr[-2000:]
+    lines = [line for line in command.stdout.splitlines() if not line.startswith("#")]
+    assert sum(line.startswith("vllm serve ") for line in lines) == servers
+    assert any("framework.engine.router" in line for line in lines) == (servers > 1)
     serve = run_joined(shared_ray, ["export", str(path), "--format", "ray-serve"], short_tmp)
     assert serve.returncode == 0, serve.stdout[-2000:] + serve.stderr[-2000:]
-    builder = "build_dp_openai_app" if winner == 2 else "build_openai_app"
+    builder = "build_dp_openai_app" if size == 2 else "build_openai_app"
     assert f"ray.serve.llm:{builder}" in serve.stdout
+    assert f"num_replicas: {servers}" in serve.stdout
