@@ -57,6 +57,18 @@ def read_trials(results: Path, name: str) -> pd.DataFrame:
         " ORDER BY trial_number").df()
 
 
+def shipped_example(name: str, model: Path, tmp: Path, prompts: int) -> dict:
+    """sweeps/<name>.yaml as a test runs it: this test's model and results folder, `prompts`
+    requests after 4 warm-ups, no confirmation runs, every request sent (no early stop)."""
+    sweep = yaml.safe_load((ROOT / "sweeps" / f"{name}.yaml").read_text())
+    sweep["model"] = str(model)
+    sweep["search_space"] = str(ROOT / sweep["search_space"])
+    sweep["results_dir"] = str(tmp / "results")
+    sweep["workload"].update(num_prompts=prompts, warmup_requests=4)
+    sweep["search"].update(confirm_top=0, stop_early=False)
+    return sweep
+
+
 def read_requests(results: Path, name: str) -> pd.DataFrame:
     return duckdb.sql(
         f"SELECT * FROM read_parquet('{results}/{name}/requests/**/*.parquet', "

@@ -45,6 +45,7 @@ FAIL_REASONS = (
     "startup_timeout",   # not ready by the deadline
     "server_died",       # the server exited during the load
     "load_failed",       # every request of the measured run failed
+    "kv_not_transferred",  # prefill/decode: the decode servers loaded no KV (connector broken)
     "node_lost",         # a node holding one of the trial's bundles died
     "devices_held",      # a start-up OOM on devices an earlier server's processes still held
     "unplaceable",       # the trial's placement group can never fit the cluster

@@ -145,7 +145,7 @@ _UNITS: dict[str, str] = {
                      "min_token_agreement", "engine_share_min"),
                     PERCENT),
     **dict.fromkeys(("total_input_tokens", "total_output_tokens", "est_kv_tokens_capacity",
-                     "prompt_tokens", "output_tokens"), "tok"),
+                     "prompt_tokens", "output_tokens", "kv_transfer_tokens"), "tok"),
     **dict.fromkeys(("completed", "failed", "max_concurrent_requests", "running_requests_max",
                      "waiting_requests_max"), "req"),
     "duration": "s",

@@ -27,7 +27,9 @@ to vLLM) only in trials where each named earlier parameter took that value, e.g.
 A parameter with `kind: shape` is a deployment-shape setting, not a vLLM flag: one of
 SHAPE_SETTINGS. `replicas: {type: int, low: 1, high: 4, kind: shape, default: 1}` runs each
 trial as that many identical servers behind a router (framework/trial/replicas.py), measured
-as one deployment; its default is the single server.
+as one deployment; its default is the single server. `prefill-servers: {type: categorical,
+choices: [0, 1], kind: shape, default: 0}` puts that many prefill servers in front of them
+(prefill/decode: the `replicas` then decode, with a KV connector); 0 is no prefill server.
 """
 
 from __future__ import annotations
@@ -58,9 +60,12 @@ RUN_SETTINGS: dict[str, str] = {"request-rate": "request_rate",
                                 "max-concurrency": "max_concurrency",
                                 "burstiness": "burstiness",
                                 "speed-up": "speed_up"}
-# Deployment-shape settings a search space may vary (kind: shape): the number of identical
-# servers a trial runs behind one router (framework/trial/replicas.py).
-SHAPE_SETTINGS: tuple[str, ...] = ("replicas",)
+# Deployment-shape settings a search space may vary (kind: shape), with their least value:
+# `replicas`, the identical servers a trial runs behind one router (framework/trial/replicas.py);
+# `prefill-servers`, prefill servers in front of them (0: none; more: prefill/decode, the
+# `replicas` then decode, the KV cache handed over by a KV connector).
+SHAPE_MINIMUM: dict[str, int] = {"replicas": 1, "prefill-servers": 0}
+SHAPE_SETTINGS: tuple[str, ...] = tuple(SHAPE_MINIMUM)
 
 
 class _Param(BaseModel):
@@ -287,11 +292,12 @@ def _check_shape_param(name: str, param: _Param) -> None:
                          "a vLLM flag is kind: server")
     if param.lossy or param.when:
         raise ValueError(f"parameter {name!r}: a shape setting takes neither lossy nor when")
+    least = SHAPE_MINIMUM[name]
     values = discrete_values(param, 64)
-    if values is None or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    if values is None or not all(isinstance(v, int) and not isinstance(v, bool) and v >= least
                                  for v in values):
-        raise ValueError(f"parameter {name!r}: the number of servers is a whole number >= 1 "
-                         "(an int range or int choices)")
+        raise ValueError(f"parameter {name!r}: the number of servers is a whole number >= "
+                         f"{least} (an int range or int choices)")
 
 
 def load_search_space(path: Path) -> SearchSpace:

@@ -13,6 +13,11 @@ seconds): with FAKE_ENGINE_STARTUP_PASSES naming a folder, a server finishes sta
 taking (removing) one file from it, waiting while it is empty (so a test lets exactly N servers
 start); while the file FAKE_ENGINE_HOLD_TOKENS names exists, no request gets its next token.
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
+With `--kv-transfer-config` naming vLLM's ExampleConnector, it fakes that connector's
+observable contract (`kv_exchange`: a max_tokens-1 request saves the prompt's KV in
+the shared folder, a later request of the same prompt loads them, counted in
+`vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`), so a prefill/decode
+deployment of FakeEngines reports its transfer as vLLM's servers do.
 With VLLM_API_KEY set, /v1 routes answer 401 without `Authorization: Bearer <key>`, as vLLM.
 Prefix caching (unless --no-enable-prefix-caching) is whole-prompt: a prompt seen before
 counts its tokens as hits in vllm:prefix_cache_hits_total; the command `reset_prefix_cache` on
@@ -45,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -59,7 +65,7 @@ from framework.engine.control import serve_from_env
 _FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
                      "pipeline-parallel-size", "max-model-len", "distributed-executor-backend",
                      "block-size", "gpu-memory-utilization", "kv-cache-dtype", "dtype",
-                     "load-format", "num-gpu-blocks-override")
+                     "load-format", "num-gpu-blocks-override", "kv-transfer-config")
 _BOOL_FLAGS = ("enable-chunked-prefill", "enable-prefix-caching", "enforce-eager")
 
 
@@ -69,7 +75,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     for flag in _FLAGS_WITH_VALUE:
-        kind = int if flag.endswith(("size", "seqs", "tokens", "len", "override")) else str
+        kind = int if flag.endswith(("size", "seqs", "tokens", "len", "override")) and \
+            flag != "kv-transfer-config" else str
         p.add_argument(f"--{flag}", type=kind, default=None)
     for flag in _BOOL_FLAGS:
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
@@ -109,6 +116,41 @@ def take_pass(folder: str) -> bool:
     return False
 
 
+KV_BLOCK = 16  # FakeEngine's block size without --block-size (vLLM's CPU engine: 128)
+
+
+def kv_folder(config: str | None) -> str | None:
+    """The shared folder of an `ExampleConnector` --kv-transfer-config (None for no config or
+    another connector, whose transfer FakeEngine does not fake)."""
+    if not config:
+        return None
+    parsed = json.loads(config)
+    if parsed.get("kv_connector") != "ExampleConnector":
+        return None
+    return str(parsed.get("kv_connector_extra_config", {}).get("shared_storage_path") or "") or None
+
+
+def kv_exchange(folder: str, prompt: str, prompt_tokens: int, max_tokens: int,
+                block: int = KV_BLOCK) -> int:
+    """FakeEngine's stand-in for ExampleConnector (vllm/distributed/kv_transfer/kv_connector/
+    v1/example_connector.py), its observable contract only: a prefill request (max_tokens 1)
+    saves the prompt's KV in `folder`, named by the prompt's hash; any other request whose
+    prompt is saved there loads it. Like vLLM's, it moves whole blocks of the prompt but its
+    last token, `align_to_block_size(len - 1)` = (len - 2) // block x block tokens (nothing for
+    a prompt of at most one block + 1). Returns the tokens loaded (0 for a save or a miss)."""
+    path = os.path.join(folder, hashlib.sha256(prompt.encode()).hexdigest()[:32])
+    blocks = max(0, (prompt_tokens - 2) // block * block)
+    if max_tokens == 1:
+        with open(path, "w") as f:
+            f.write(str(blocks))
+        return 0
+    try:
+        with open(path) as f:
+            return int(f.read() or 0)
+    except FileNotFoundError:
+        return 0
+
+
 def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = lambda _: None) -> None:
     """Parse, wait the configured start-up time, then serve until the process is killed."""
     args = parse_args(argv)
@@ -137,6 +179,8 @@ async def _serve(args: argparse.Namespace) -> None:
                 "finished": 0}
     cached: set[str] = set()  # prompts seen: a whole-prompt prefix cache
     caching = args.enable_prefix_caching is not False
+    shared = kv_folder(args.kv_transfer_config)
+    counters["external"] = 0
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="")
@@ -150,7 +194,9 @@ async def _serve(args: argparse.Namespace) -> None:
                 "vllm:kv_cache_usage_perc 0.0\nvllm:num_preemptions_total 0\n"
                 # one engine, labelled as vLLM labels each (vllm/v1/metrics/loggers.py)
                 'vllm:request_success_total{engine="0",finished_reason="length"} '
-                f"{counters['finished']}\n")
+                f"{counters['finished']}\n"
+                'vllm:prompt_tokens_by_source_total{engine="0",source="external_kv_transfer"} '
+                f"{counters['external']}\n")
         return web.Response(text=text, content_type="text/plain")
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -162,6 +208,9 @@ async def _serve(args: argparse.Namespace) -> None:
             counters["queries"] += prompt_tokens
             counters["hits"] += prompt_tokens if prompt in cached else 0
             cached.add(prompt)
+        if shared is not None:
+            counters["external"] += kv_exchange(shared, prompt, prompt_tokens, n_out,
+                                                args.block_size or KV_BLOCK)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         counters["waiting"] += 1

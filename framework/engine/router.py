@@ -8,7 +8,7 @@ is to be measured against a bare server in docs/BENCHMARKS.md by whoever integra
 
     python -m framework.engine.router --host 127.0.0.1 --port P \
         --backend http://127.0.0.1:A --backend http://127.0.0.1:B \
-        [--policy round_robin|least_outstanding] [--ready-file PATH]
+        [--policy round_robin|least_outstanding] [--ready-file PATH] [--prefill URL ...]
 
 Once listening it prints one line `vllm-sweep router ready on http://HOST:PORT` (port 0 binds
 a free port, shown there) and, with --ready-file, writes that URL to the file (atomic rename),
@@ -26,6 +26,20 @@ Routes:
   framework/engine/server_metrics.py counts each replica's engines separately
   (`vllm:request_success_total` per `engine`).
 
+Prefill/decode (disaggregated) mode, with one or more --prefill: the --backend servers decode.
+`POST /v1/completions` and `/v1/chat/completions` first go to a prefill server (round robin over
+them) as `prefill_body` makes them (max_tokens 1, and max_completion_tokens 1 for chat or when
+present; stream false; no stream_options; the rest unchanged; the client's headers), and that
+whole answer is read and dropped; then the client's original request goes to the decode server
+the policy picks, streamed back as above. Every such answer carries `X-Vllm-Sweep-Prefill:
+<prefill index>`; a prefill answer other than 200 comes back as is (an unreachable prefill
+server: 502 naming it) and no decode server is contacted. Other routes use the decode servers
+only; /health needs every prefill server too; /metrics adds the prefill pages with the prefix
+`p` (engine "0" of prefill server 1 is "p1.0", a sample without engine gets replica="p1").
+Moving the KV cache is the vLLM servers' business (their --kv-transfer-config, a connector that
+saves it at prefill and loads it at decode, e.g. SharedStorageConnector or LMCache), not this
+router's: it passes no kv_transfer_params (NixlConnector's handshake) and no request ids.
+
 Policies (POLICIES, by name): `round_robin` cycles 0..N-1 whatever the load;
 `least_outstanding` picks the backend with the fewest requests in flight, ties going to the
 first index after its last pick (equal loads still alternate).
@@ -42,6 +56,7 @@ import sys
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
+from typing import Any
 from typing import Protocol
 
 import aiohttp
@@ -52,6 +67,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from framework.base.vocabulary import REPLICA_HEADER
 
+PREFILL_HEADER = "X-Vllm-Sweep-Prefill"
+PREFILL_PATHS = ("/v1/completions", "/v1/chat/completions")  # what P/D mode prefills first
 READY_PREFIX = "vllm-sweep router ready on "
 CONNECT_TIMEOUT_S = 10.0  # to open a backend connection; streams themselves have no bound
 PROBE_TIMEOUT_S = 10.0  # one backend's /health or /metrics answer
@@ -100,13 +117,28 @@ POLICIES: dict[str, Callable[[int], Policy]] = {
 
 
 def router_argv(host: str, port: int, backends: Sequence[str], policy: str,
-                ready_file: str | None) -> list[str]:
-    """The command line that runs this router with the current interpreter. Pure."""
+                ready_file: str | None, *, prefill: Sequence[str] = ()) -> list[str]:
+    """The command line that runs this router with the current interpreter (`prefill`: P/D
+    mode's prefill servers, `backends` then decode). Pure."""
     argv = [sys.executable, "-m", "framework.engine.router", "--host", host, "--port", str(port)]
     for backend in backends:
         argv += ["--backend", backend]
     argv += ["--policy", policy]
+    for url in prefill:
+        argv += ["--prefill", url]
     return argv + (["--ready-file", ready_file] if ready_file is not None else [])
+
+
+def prefill_body(body: dict[str, Any], path: str = "/v1/completions") -> dict[str, Any]:
+    """The body sent to a prefill server for `body` (a POST to `path`): max_tokens 1, and
+    max_completion_tokens 1 when `body` has it or `path` is chat; stream false; no
+    stream_options; every other field as in `body`. A new dict; `body` is not changed. Pure."""
+    out = {k: v for k, v in body.items() if k != "stream_options"}
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in body or path.rstrip("/").endswith("/chat/completions"):
+        out["max_completion_tokens"] = 1
+    out["stream"] = False
+    return out
 
 
 class _Families:
@@ -119,18 +151,23 @@ class _Families:
         return self.families
 
 
-def merge_metrics(pages: Sequence[str | None]) -> str:
-    """One Prometheus text exposition from each backend's /metrics page (index = replica).
+def merge_metrics(pages: Sequence[str | None], names: Sequence[str] | None = None) -> str:
+    """One Prometheus text exposition from each backend's /metrics page, page i named
+    `names[i]` (default: str(i), the replica's index).
 
     Each family keeps one HELP/TYPE (the first page's) followed by the samples of every page
-    in page order; a sample's `engine` label becomes "<replica>.<engine>", a sample without one
-    gets `replica="<replica>"` (replacing any such label). A page that is None (its scrape
-    failed) is left out and named in a comment `# backend <i> unreachable`; one that does not
-    parse, in `# backend <i> unparsable`. Pure.
+    in page order; a sample's `engine` label becomes "<name>.<engine>", a sample without one
+    gets `replica="<name>"` (replacing any such label). A page that is None (its scrape
+    failed) is left out and named in a comment `# backend <name> unreachable`; one that does
+    not parse, in `# backend <name> unparsable`. Pure.
     """
+    if names is None:
+        names = [str(i) for i in range(len(pages))]
+    if len(names) != len(pages):
+        raise ValueError(f"{len(pages)} pages but {len(names)} names")
     comments: list[str] = []
     merged: dict[str, Metric] = {}
-    for replica, page in enumerate(pages):
+    for replica, page in zip(names, pages):
         if page is None:
             comments.append(f"# backend {replica} unreachable\n")
             continue
@@ -155,11 +192,14 @@ def merge_metrics(pages: Sequence[str | None]) -> str:
 
 
 class Router:
-    """The aiohttp application's state: backends, policy, in-flight counts, one session."""
+    """The aiohttp application's state: backends (decode ones in P/D mode), policy, in-flight
+    counts, prefill servers (none outside P/D mode) and their round robin, one session."""
 
-    def __init__(self, backends: Sequence[str], policy: Policy) -> None:
+    def __init__(self, backends: Sequence[str], policy: Policy, prefill: Sequence[str] = ()) -> None:
         self.backends = [b.rstrip("/") for b in backends]
+        self.prefill = [u.rstrip("/") for u in prefill]
         self.policy = policy
+        self.prefill_policy = RoundRobin(max(1, len(self.prefill)))
         self.outstanding = [0] * len(backends)
         self.session: aiohttp.ClientSession | None = None
 
@@ -187,18 +227,25 @@ class Router:
         return self.session
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
-        """POST: to the policy's pick; GET: to backend 0. Streams the answer as it arrives."""
+        """POST: to the policy's pick (in P/D mode after a prefill, `_prefill`); GET: to
+        backend 0. Streams the answer as it arrives."""
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
+        extra: dict[str, str] = {}
+        if self.prefill and request.method == "POST" and request.path in PREFILL_PATHS:
+            prefilled, refusal = await self._prefill(request, body, headers)
+            if refusal is not None:
+                return refusal
+            extra[PREFILL_HEADER] = str(prefilled)
         index = self.policy.pick(self.outstanding) if request.method == "POST" else 0
         backend = self.backends[index]
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
         response: web.StreamResponse | None = None
         self.outstanding[index] += 1
         try:
-            body = await request.read()
             async with self._client().request(request.method, backend + str(request.rel_url),
                                               headers=headers, data=body) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers={
-                    REPLICA_HEADER: str(index),
+                    REPLICA_HEADER: str(index), **extra,
                     "Content-Type": upstream.headers.get("Content-Type", "application/octet-stream")})
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
@@ -214,39 +261,79 @@ class Router:
                           file=sys.stderr, flush=True)
                     request.transport.close()
                 return response
-            error = {"error": f"backend {index} ({backend}) unreachable: {exc!r}"}
-            return web.Response(status=502, text=json.dumps(error) + "\n",
-                                content_type="application/json", headers={REPLICA_HEADER: str(index)})
+            return _error(502, f"backend {index} ({backend}) unreachable: {exc!r}",
+                          {REPLICA_HEADER: str(index), **extra})
         finally:
             self.outstanding[index] -= 1
 
-    async def _get(self, index: int, path: str) -> tuple[int, str]:
-        """(status, body) of GET backend+path; an unreachable backend raises OSError/ClientError."""
+    async def _prefill(self, request: web.Request, body: bytes,
+                       headers: dict[str, str]) -> tuple[int, web.Response | None]:
+        """P/D mode's first leg: `prefill_body` of the request to the next prefill server, its
+        whole answer read (and dropped). (that server's index, None) when it answered 200, else
+        the response the client gets instead (the server's own, 502 if unreachable, 400 for a
+        body that is no JSON object), and no decode server is contacted."""
+        try:
+            parsed = json.loads(body)
+        except ValueError as exc:
+            return -1, _error(400, f"request body is not JSON: {exc}", {})
+        if not isinstance(parsed, dict):
+            return -1, _error(400, "request body is not a JSON object", {})
+        index = self.prefill_policy.pick([0] * len(self.prefill))
+        server, tag = self.prefill[index], {PREFILL_HEADER: str(index)}
+        send = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        send["Content-Type"] = "application/json"
+        try:
+            async with self._client().post(
+                    server + str(request.rel_url), headers=send,
+                    data=json.dumps(prefill_body(parsed, request.path)).encode()) as answer:
+                content = await answer.read()  # to its end, whatever it is (SSE, JSON)
+                if answer.status == 200:
+                    return index, None
+                return index, web.Response(status=answer.status, body=content, headers={
+                    **tag, "Content-Type": answer.headers.get("Content-Type", "text/plain")})
+        except aiohttp.ClientError as exc:
+            return index, _error(502, f"prefill {index} ({server}) unreachable: {exc!r}", tag)
+
+    async def _get(self, url: str, path: str) -> tuple[int, str]:
+        """(status, body) of GET url+path; an unreachable server raises OSError/ClientError."""
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
-        async with self._client().get(self.backends[index] + path, timeout=timeout) as r:
+        async with self._client().get(url + path, timeout=timeout) as r:
             return r.status, await r.text()
 
     async def _get_all(self, path: str) -> list[tuple[int, str] | BaseException]:
-        return await asyncio.gather(*(self._get(i, path) for i in range(len(self.backends))),
+        """GET path of every backend, then of every prefill server, in that order."""
+        return await asyncio.gather(*(self._get(url, path) for url in self.backends + self.prefill),
                                     return_exceptions=True)
 
     async def health(self, _: web.Request) -> web.Response:
-        """200 when every backend's /health is 200; else 503 listing the failing ones."""
+        """200 when every backend's and prefill server's /health is 200; else 503 listing the
+        failing ones."""
+        names = [f"backend {i} ({u})" for i, u in enumerate(self.backends)] + \
+                [f"prefill {i} ({u})" for i, u in enumerate(self.prefill)]
         failing = []
-        for index, got in enumerate(await self._get_all("/health")):
+        for name, got in zip(names, await self._get_all("/health")):
             if isinstance(got, BaseException) or got[0] != 200:
                 why = f"status {got[0]}" if not isinstance(got, BaseException) else repr(got)
-                failing.append(f"backend {index} ({self.backends[index]}): {why}")
+                failing.append(f"{name}: {why}")
         if failing:
             return web.Response(status=503, text="unhealthy: " + "; ".join(failing) + "\n")
         return web.Response(text="")
 
     async def metrics(self, _: web.Request) -> web.Response:
-        """Every backend's /metrics, relabelled and merged (merge_metrics)."""
+        """Every backend's and prefill server's /metrics, relabelled and merged (merge_metrics;
+        names "0", "1", ... then "p0", "p1", ...)."""
         pages = [got[1] if not isinstance(got, BaseException) and got[0] == 200 else None
                  for got in await self._get_all("/metrics")]
-        text = await asyncio.get_running_loop().run_in_executor(None, merge_metrics, pages)
+        names = [str(i) for i in range(len(self.backends))] + \
+                [f"p{i}" for i in range(len(self.prefill))]
+        text = await asyncio.get_running_loop().run_in_executor(None, merge_metrics, pages, names)
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def _error(status: int, message: str, headers: dict[str, str]) -> web.Response:
+    """A one-line JSON error {"error": message}."""
+    return web.Response(status=status, text=json.dumps({"error": message}) + "\n",
+                        content_type="application/json", headers=headers)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -257,6 +344,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--backend", action="append", required=True, help="base URL; repeat per replica")
     p.add_argument("--policy", choices=sorted(POLICIES), default="round_robin")
     p.add_argument("--ready-file", default=None, help="gets the router's URL once it listens")
+    p.add_argument("--prefill", action="append", default=[],
+                   help="P/D mode: a prefill server's base URL (repeat); --backend then decodes")
     return p.parse_args(list(argv))
 
 
@@ -271,7 +360,7 @@ def write_ready_file(path: str, url: str) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     """Listen, announce readiness (stdout line, ready file), serve until SIGTERM/SIGINT."""
-    router = Router(args.backend, POLICIES[args.policy](len(args.backend)))
+    router = Router(args.backend, POLICIES[args.policy](len(args.backend)), args.prefill)
     runner = web.AppRunner(router.app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     stop = asyncio.Event()

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 
+from framework.engine.kv_transfer import EXTERNAL_SOURCE
 from framework.load.http_client import get_sync
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -37,9 +38,12 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
 QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
 SUCCESS = "vllm:request_success_total"  # per engine (label `engine`) and finished_reason
+PROMPT_SOURCES = "vllm:prompt_tokens_by_source_total"  # label `source`
+KV_TRANSFERRED = f"{PROMPT_SOURCES}@source={EXTERNAL_SOURCE}"
+"""The prompt tokens whose KV a server loaded through its KV connector (prefill/decode)."""
 WATCHED: tuple[str, ...] = (
     KV_USAGE, RUNNING, WAITING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, QUEUE_SUM, QUEUE_COUNT,
-    SUCCESS,
+    SUCCESS, PROMPT_SOURCES,
 )
 ENGINE_SEP = "@engine="
 """Per-engine keys of a sample: `vllm:request_success_total@engine=1` (vLLM labels every
@@ -57,6 +61,7 @@ SERVER_METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("metrics_samples", "int"),
     ("engines_served", "int"),
     ("engine_share_min", "float"),
+    ("kv_transfer_tokens", "int"),
 )
 
 DEFAULT_INTERVAL_S = 0.5
@@ -97,6 +102,8 @@ def parse_metrics(text: str) -> dict[str, float]:
             if sample.name == SUCCESS and "engine" in sample.labels:
                 key = f"{SUCCESS}{ENGINE_SEP}{sample.labels['engine']}"
                 values[key] = values.get(key, 0.0) + sample.value
+            if sample.name == PROMPT_SOURCES and sample.labels.get("source") == EXTERNAL_SOURCE:
+                values[KV_TRANSFERRED] = values.get(KV_TRANSFERRED, 0.0) + sample.value
     return values
 
 
@@ -135,6 +142,9 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
     - engines_served: engines whose finished requests grew in the run (a data-parallel
       server's engines that served; 1 for a single engine); engine_share_min: the smallest
       engine's share of the finished requests (1/DP when balanced; None if none finished)
+    - kv_transfer_tokens: delta of the prompt tokens loaded through a KV connector
+      (vllm:prompt_tokens_by_source_total, source external_kv_transfer; prefill/decode);
+      None where the server does not report it
     Counter deltas need two samples; a counter that went down (server restart) counts 0.
     """
 
@@ -151,6 +161,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
     queue_count = _delta(samples, QUEUE_COUNT)
     shares = engine_shares(samples)
     finished = sum(shares.values())
+    transferred = _delta(samples, KV_TRANSFERRED)
     return {
         "kv_cache_usage_max": max(kv) if kv else None,
         "kv_cache_usage_mean": sum(kv) / len(kv) if kv else None,
@@ -163,6 +174,7 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float | None]:
         "metrics_samples": sum(1 for s in samples if not s.bracket),
         "engines_served": sum(1 for d in shares.values() if d > 0) if shares else None,
         "engine_share_min": min(shares.values()) / finished if finished else None,
+        "kv_transfer_tokens": None if transferred is None else int(transferred),
     }
 
 

@@ -23,6 +23,9 @@ import pandas as pd
 
 from framework.base.errors import ConfigError
 from framework.config.specs import SweepSpec
+from framework.engine.kv_transfer import CONNECTORS
+from framework.engine.kv_transfer import default_connector
+from framework.engine.kv_transfer import kv_transfer_args
 from framework.engine.memory_model import GIB
 from framework.engine.memory_model import read_model_facts
 from framework.engine.memory_model import weight_bytes_per_gpu
@@ -71,6 +74,7 @@ class Shipped:
     workload_sha256: str | None
     dp: int = 1
     servers: int = 1  # the replicas shape: servers measured together behind a router
+    prefill: int = 0  # of those, prefill servers (prefill/decode)
 
     @property
     def devices(self) -> int:
@@ -123,7 +127,8 @@ def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
     tp = int(flags.get("tensor-parallel-size") or 1)
     pp = int(flags.get("pipeline-parallel-size") or 1)
     dp = int(flags.get("data-parallel-size") or 1)
-    servers = shipped_servers(row, params)
+    prefill = _shape_setting(row, params, "prefill-servers", 0)
+    servers = _shape_setting(row, params, "replicas", 1) + prefill
     price = price_of(tp, pp, dp)
     sized = fleet_answer(trials, verdict, currency=spec.pricing.currency,
                          device=device_of(spec.engine),
@@ -135,15 +140,15 @@ def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
         output_throughput=None if sizing is None else _float(sizing, "output_throughput"),
         sized=sized, price=price,
         model_sha256=_text(row, "model_config_sha256"), workload_sha256=_text(row, "workload_sha256"),
-        dp=dp, servers=servers)
+        dp=dp, servers=servers, prefill=prefill)
 
 
-def shipped_servers(row: pd.Series, params: Sequence[str]) -> int:
-    """How many servers the shipped trial ran as (its `replicas` shape setting; 1 without)."""
-    if "replicas" not in params:
-        return 1
-    value = row.get(param_column("replicas"))
-    return 1 if value is None or pd.isna(value) else int(value)
+def _shape_setting(row: pd.Series, params: Sequence[str], name: str, default: int) -> int:
+    """The shipped trial's shape setting `name` (search_space.SHAPE_SETTINGS), else `default`."""
+    if name not in params:
+        return default
+    value = row.get(param_column(name))
+    return default if value is None or pd.isna(value) else int(value)
 
 
 def served_name(s: Shipped) -> str:
@@ -210,23 +215,34 @@ def size_of(s: Shipped, weights: int | None, *, kv_space_gib: float = 0.0,
 
 
 SERVE_PORT = 8000  # the entry point's port in `export --format serve` (vLLM's default)
+KV_FOLDER = "/mnt/shared/vllm-kv"  # ExampleConnector's folder in the exported commands
 
 
 def serve_text(s: Shipped) -> str:
-    """`export --format serve`: the command to run. One server: its `vllm serve` line. The
-    replicas shape: one `vllm serve` per server on ports SERVE_PORT+1.., then the router it was
-    measured behind (framework/engine/router.py) on SERVE_PORT, as it ran in the sweep."""
+    """`export --format serve`: the commands to run. One server: its `vllm serve` line.
+    Several: one `vllm serve` per server on ports SERVE_PORT+1.. (prefill servers first, each
+    with the KV connector's flag), then the router they were measured behind
+    (framework/engine/router.py) on SERVE_PORT, as it ran in the sweep."""
     if s.servers == 1:
         return s.serve_command + "\n"
     ports = [SERVE_PORT + 1 + i for i in range(s.servers)]
-    lines = [f"# {s.servers} replicas of one server behind a router, as measured "
-             f"(trial {s.trial}); run each server where its devices are"]
-    lines += [shlex.join(["vllm", "serve", s.model, *flag_args(s.flags), "--port", str(port)])
-              for port in ports]
+    extra: list[str] = []
+    if s.prefill:
+        connector = default_connector(s.engine)
+        folder = KV_FOLDER if CONNECTORS[connector].shared_folder else None
+        extra = kv_transfer_args(connector, folder)
+        lines = [f"# {s.prefill} prefill + {s.servers - s.prefill} decode servers behind a "
+                 f"router, as measured (trial {s.trial}); {connector}"
+                 + (f": {KV_FOLDER} must be one folder every server sees" if folder else "")]
+    else:
+        lines = [f"# {s.servers} replicas of one server behind a router, as measured "
+                 f"(trial {s.trial}); run each server where its devices are"]
+    lines += [shlex.join(["vllm", "serve", s.model, *flag_args(s.flags), *extra, "--port",
+                          str(port)]) for port in ports]
     router = ["python", "-m", "framework.engine.router", "--host", "0.0.0.0", "--port",
               str(SERVE_PORT)]
-    for port in ports:
-        router += ["--backend", f"http://127.0.0.1:{port}"]
+    for i, port in enumerate(ports):
+        router += ["--prefill" if i < s.prefill else "--backend", f"http://127.0.0.1:{port}"]
     return "\n".join([*lines, shlex.join(router)]) + "\n"
 
 
@@ -248,7 +264,7 @@ def as_json(s: Shipped) -> dict[str, object]:
         "gain": None if gain is None else {"value": gain.value, "ci95": [gain.low, gain.high]},
         "engine": s.engine, "gpu": s.gpu, "hardware": s.hardware,
         "tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp,
-        "data_parallel_size": s.dp, "servers": s.servers,
+        "data_parallel_size": s.dp, "servers": s.servers, "prefill_servers": s.prefill,
         "capacity_rps": _finite(s.capacity_rps), "output_throughput": _finite(s.output_throughput),
         "price": None if s.price is None else {
             "per_replica_hour": s.price.per_replica_hour, "per_gpu_hour": s.price.per_gpu_hour,

@@ -117,11 +117,21 @@ def _metric_columns(trials: pd.DataFrame) -> list[tuple[str, str]]:
                       if k in trials.columns]
 
 
+def _shape_columns(trials: pd.DataFrame) -> list[tuple[str, str]]:
+    """The deployment shape and how many engines served, shown where the sweep's trials differ
+    in shape (issue #36); a one-shape sweep's table is as before."""
+    if "shape" not in trials.columns or trials["shape"].dropna().nunique() < 2:
+        return []
+    return [(k, name) for k, name in (("shape", "shape"), ("engines_served", "engines served"))
+            if k in trials.columns]
+
+
 def _table(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str], best: int | None) -> str:
     """Every trial, one row each, in a box that scrolls both ways (class `wide`)."""
     metrics = _metric_columns(trials)
-    head = ["#", *[flag_name(p) for p in params], label(spec.objective.metric), "result",
-            "diagnosis", *[name for _, name in metrics]]
+    shape = _shape_columns(trials)
+    head = ["#", *[name for _, name in shape], *[flag_name(p) for p in params],
+            label(spec.objective.metric), "result", "diagnosis", *[name for _, name in metrics]]
     lines = ["<div class='wide' id='trials-box'><table id='trials'><thead><tr>"
              + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for _, series in trials.iterrows():
@@ -130,6 +140,7 @@ def _table(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str], best: i
         result, css = _result(row)
         diagnosis = diagnose(row, spec.sla)
         cells = [f"<td>{number}{'*' if row.get('is_baseline') == True else ''}</td>",  # noqa: E712
+                 *[f"<td>{esc(row.get(k))}</td>" for k, _ in shape],
                  *[f"<td>{esc(row[p])}</td>" for p in params],
                  f"<td class='n'>{esc(row.get('objective'))}</td>",
                  f"<td class='result {css}'>{result}</td>",

@@ -6,9 +6,10 @@ probed trial's verdict (framework.trial.quality for the numbers and the rule).
   baseline's self-agreement, the noise floor of batching. Both runs are stored
   (`probes/trial-NNNNN.parquet`), so a resumed sweep compares with the same reference.
 - A trial that changes an output flag against the baseline (framework.engine.output_flags:
-  kv-cache-dtype, quantization, dtype, speculative decoding, or a `lossy: true` parameter)
-  probes once, at the probe's concurrency, and is judged against the reference. A baseline
-  trial run again (confirmation, retry) once a reference exists is judged the same way.
+  kv-cache-dtype, quantization, dtype, speculative decoding, or a `lossy: true` parameter), or
+  runs prefill/decode (its answers come from transferred KV), probes once, at the probe's
+  concurrency, and is judged against the reference. A baseline trial run again (confirmation,
+  retry) once a reference exists is judged the same way.
 - Every other trial is not probed: it changes no flag that changes outputs, and its quality
   columns stay null; under `sla.min_token_agreement` it counts as agreement 1.0.
 - The fake engine serves no model: nothing is probed there.
@@ -77,8 +78,11 @@ class QualityGate:
             self._reference = (first, compare(first, second))
 
     def changes(self, plan: TrialPlan) -> tuple[str, ...]:
-        """The output-changing flags trial `plan` sets to other values than the baseline."""
-        return output_changes(plan.flags, self.baseline_flags, self.declared)
+        """The output-changing flags trial `plan` sets to other values than the baseline, and
+        a prefill/decode shape (its decode servers answer from KV another server computed: a
+        connector that corrupts it changes the outputs)."""
+        changes = output_changes(plan.flags, self.baseline_flags, self.declared)
+        return (*changes, "prefill/decode (KV transferred)") if plan.prefill else changes
 
     def probe_for(self, plan: TrialPlan) -> Callable[[str], QualityVerdict] | None:
         """Trial `plan`'s probe hook for run_trial (called with the server's base URL), or None

@@ -22,6 +22,7 @@ every stop is joined before `run` returns.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ from framework.config.search_space import grid_size
 from framework.config.workloads_spec import class_names
 from framework.engine.feasibility import Feasibility
 from framework.engine.flag_cache import vllm_version
+from framework.engine.kv_transfer import default_connector
 from framework.fleet.columns import deployment_sizing
 from framework.results.console import Progress
 from framework.results.console import print_summary
@@ -73,6 +75,7 @@ from framework.trial.judge import judge
 from framework.trial.measure import LoadPlan
 from framework.trial.objective import per_device
 from framework.trial.replicas import ReplicaLauncher
+from framework.trial.replicas import check_transfer
 from framework.trial.run import Reused
 from framework.trial.run import ServerLauncher
 from framework.trial.run import TrialOutcome
@@ -262,15 +265,22 @@ class Runner:
         for warning in running.feasibility.warnings if running.feasibility is not None else ():
             progress.phase(number, f"note: {warning}")
         try:
-            launcher = (self.launcher if plan.replicas == 1
-                        else ReplicaLauncher(self.launcher, plan.replicas))
-            return run_trial(launcher, lambda host, port: plan.argv(model, host, port),
+            launcher: ServerLauncher = self.launcher
+            extra: Callable[[], list[str]] = list
+            if plan.servers > 1:
+                launcher = replicas = ReplicaLauncher(
+                    self.launcher, plan.replicas, prefill=plan.prefill,
+                    connector=default_connector(self.spec.engine) if plan.prefill else None)
+                extra = replicas.server_args
+            outcome = run_trial(launcher, lambda host, port: [*plan.argv(model, host, port),
+                                                              *extra()],
                              plan.load, running.log_path, plan.wanted,
                              phase=lambda text: progress.phase(number, text), on_placed=placed,
                              stop_later=lambda server: self._pool.hand_over(number, server),
                              reuse=reuse, screen=lambda metrics: self._screen(plan, metrics),
                              unit=plan.unit, probe=self._quality.probe_for(plan),
                              gate=self._gate)
+            return check_transfer(outcome) if plan.prefill else outcome
         finally:
             placed()
 
@@ -340,7 +350,7 @@ class Runner:
                   judged=judged, devices=plan.devices, precision=plan.load.precision,
                   sizing=deployment_sizing(self.sweep.target,
                                            self.sweep.price(shape.tp, shape.pp, shape.dp),
-                                           shape.tp, shape.pp, shape.dp, plan.replicas))
+                                           shape.tp, shape.pp, shape.dp, plan.servers))
         outcome, verdict, intervals = j.outcome, j.verdict, j.intervals
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,

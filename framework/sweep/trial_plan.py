@@ -21,6 +21,8 @@ from framework.cluster.placement import shape_of
 from framework.cluster.placement import shape_problem
 from framework.cluster.placement import why_unplaceable
 from framework.engine.feasibility import Feasibility
+from framework.engine.kv_transfer import CONNECTORS
+from framework.engine.kv_transfer import default_connector
 from framework.engine.server_args import serve_command
 from framework.engine.server_args import server_argv
 from framework.engine.server_args import trial_flags
@@ -55,31 +57,40 @@ class TrialPlan:
     load: LoadPlan
     levers: tuple[str, ...] = ()  # start-up levers used (framework.engine.startup_levers)
     replicas: int = 1
+    prefill: int = 0  # prefill servers in front of the replicas (prefill/decode)
 
     @property
     def number(self) -> int:
         return self.proposal.number
 
     @property
+    def servers(self) -> int:
+        """Servers of the deployment: the replicas and the prefill servers."""
+        return self.replicas + self.prefill
+
+    @property
     def devices(self) -> int:
-        """Devices of the whole deployment: the shape's (TP x PP x DP) x replicas."""
-        return self.shape.devices * self.replicas
+        """Devices of the whole deployment: the shape's (TP x PP x DP) x servers."""
+        return self.shape.devices * self.servers
 
     @property
     def all_wanted(self) -> tuple[Bundle, ...]:
-        """Every replica's bundles: what the trial needs of the cluster at once."""
-        return self.wanted * self.replicas
+        """Every server's bundles: what the trial needs of the cluster at once."""
+        return self.wanted * self.servers
 
     @property
     def shape_label(self) -> str:
-        """`TP1xPP1` for one server, `2xTP1xPP1` for two replicas of it."""
+        """`TP1xPP1` for one server, `2xTP1xPP1` for two replicas of it, `1P1DxTP1xPP1` for
+        one prefill and one decode server."""
+        if self.prefill:
+            return f"{self.prefill}P{self.replicas}Dx{self.shape.label}"
         return self.shape.label if self.replicas == 1 else f"{self.replicas}x{self.shape.label}"
 
     @property
     def server_key(self) -> str:
         """Trials with equal keys may share running servers: the serve command, and the
-        replica count when there are several."""
-        return self.key if self.replicas == 1 else f"{self.key}  # x{self.replicas} replicas"
+        deployment's shape when it is more than one server."""
+        return self.key if self.servers == 1 else f"{self.key}  # {self.shape_label}"
 
     def argv(self, model: str, host: str, port: int) -> list[str]:
         return server_argv(model, self.serve_flags, host, port)
@@ -94,12 +105,14 @@ def plan_trial(sweep: Sweep, p: Proposal, load: LoadPlan) -> TrialPlan:
     levers = plan_levers(spec.server.startup_levers, engine=spec.engine, flags=serve_flags,
                          installed=installed_loaders(), safetensors=has_safetensors(spec.model))
     serve_flags = {**serve_flags, **levers.flags}
+    shape_settings = sweep.space.shape_settings(p.params)
     return TrialPlan(proposal=p, flags=flags, serve_flags=serve_flags, shape=shape,
                      levers=levers.names,
                      wanted=tuple(bundles(shape, spec.engine, spec.cluster.cpus_per_worker)),
                      unit=node_unit(shape), key=serve_command(str(spec.model), flags),
                      load=with_run_settings(load, spec, sweep.space.run_settings(p.params)),
-                     replicas=int(sweep.space.shape_settings(p.params).get("replicas", 1)))
+                     replicas=int(shape_settings.get("replicas", 1)),
+                     prefill=int(shape_settings.get("prefill-servers", 0)))
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,27 @@ def _text(value: Scalar | None) -> str | None:
     return None if value is None else str(value)
 
 
+def prefill_decode_problem(engine: str, prefill: int, nodes: int) -> str | None:
+    """Why a prefill/decode trial cannot hand its KV over (None if it can). The CPU engine's
+    connector (engine.kv_transfer) keeps it in a folder the driver makes, which only the
+    driver's node sees: on a cluster of several nodes the servers may land on others, as on
+    hosts without a shared file system. On GPUs, NixlConnector needs the proxy to hand each
+    prefill answer's kv_transfer_params to the decode request, which the router does not do
+    yet. Pure."""
+    connector = default_connector(engine)
+    if not prefill:
+        return None
+    if not CONNECTORS[connector].shared_folder:
+        return (f"prefill/decode with {connector}: the router does not yet pass the prefill "
+                "server's kv_transfer_params to the decode server, which this connector needs")
+    if nodes <= 1:
+        return None
+    return (f"prefill/decode with {connector} keeps the KV in a folder both servers must see; "
+            f"vllm-sweep makes it on the driver's node, which the other nodes of this {nodes}-node "
+            "cluster do not see (a file system every node mounts is not set up yet): run it on "
+            "one node")
+
+
 def rejection(sweep: Sweep, plan: TrialPlan, nodes: Sequence[Mapping[str, float]]
               ) -> tuple[TrialOutcome | None, Feasibility | None]:
     """A trial that must not launch (it can never be placed on `nodes`, its executor cannot
@@ -132,8 +166,10 @@ def rejection(sweep: Sweep, plan: TrialPlan, nodes: Sequence[Mapping[str, float]
     if not fits(plan.all_wanted, nodes, plan.unit):
         return TrialOutcome(started_at=now, argv=(), fail_reason="unplaceable",
                             fail_detail=why_unplaceable(plan.all_wanted, nodes, plan.unit)), None
-    if problem := shape_problem(sweep.spec.engine,
-                                _text(plan.flags.get("distributed-executor-backend")), plan.shape):
+    problem = (shape_problem(sweep.spec.engine,
+                             _text(plan.flags.get("distributed-executor-backend")), plan.shape)
+               or prefill_decode_problem(sweep.spec.engine, plan.prefill, len(nodes)))
+    if problem:
         return TrialOutcome(started_at=now, argv=(), fail_reason="infeasible",
                             fail_detail=problem), Feasibility(ok=False, reasons=(problem,),
                                                               violation=1.0)

@@ -6,8 +6,11 @@ launches the N servers through it, one after the other, each in its own placemen
 (replica 0 logs at the trial's log path, replica i at `<stem>.replica<i><suffix>` beside it),
 then starts the router on this (the driver's) loopback address and waits for its ready file.
 A failed launch stops every server already started and raises, so nothing of the trial is
-left. What it returns, `ReplicaSet`, is a `ServerHandle`: `run_trial` measures it unchanged,
-through the router's URL. Only replica 0's start-up log is read for the start-up phases.
+left. Prefill/decode (`prefill` > 0) is the same seam: the prefill servers launched first, all
+with the trial's KV connector, and the router in P/D mode (each request prefilled on a prefill
+server, then decoded, streamed, on a replica). What it returns, `ReplicaSet`, is a
+`ServerHandle`: `run_trial` measures it unchanged, through the router's URL. Only the first
+server's start-up log is read for the start-up phases.
 
 The servers are placed one group after the other, not gang scheduled: on a cluster too busy
 for all N, the first replicas wait, placed, for the last (`fits` refuses up front a trial
@@ -23,12 +26,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from framework.base.errors import TrialError
+from framework.engine.kv_transfer import CONNECTORS
+from framework.engine.kv_transfer import kv_transfer_args
 from framework.engine.router import router_argv
 from framework.trial.run import ServerHandle
 from framework.trial.run import ServerLauncher
+from framework.trial.run import TrialOutcome
 
 ROUTER_READY_S = 120.0  # a failure guard: the router prints ready within a second or two
 ROUTER_STOP_S = 10.0
@@ -47,11 +54,12 @@ class ReplicaSet:
     server's node and pid; every server's bundles; alive while all are; stopped together."""
 
     def __init__(self, servers: Sequence[ServerHandle], router: subprocess.Popen[bytes],
-                 base_url: str, router_log: Path) -> None:
+                 base_url: str, router_log: Path, kv_folder: Path | None = None) -> None:
         self._servers = tuple(servers)
         self._router = router
         self._base_url = base_url
         self._router_log = router_log
+        self._kv_folder = kv_folder
 
     @property
     def servers(self) -> tuple[ServerHandle, ...]:
@@ -93,6 +101,8 @@ class ReplicaSet:
         left = _stop_router(self._router)
         for server in self._servers:
             left += server.stop()
+        if self._kv_folder is not None:  # the KV the prefill servers saved
+            shutil.rmtree(self._kv_folder, ignore_errors=True)
         return left
 
     def command(self, name: str, timeout_s: float = 60.0) -> str:
@@ -108,37 +118,65 @@ class ReplicaSet:
 
 class ReplicaLauncher:
     """Launches `replicas` servers through `inner` and a router in front of them (module
-    docstring). `router_host`: where the router listens (the load generator's side)."""
+    docstring); with `prefill` > 0, that many prefill servers first (logs `.prefill<i>`), every
+    server given KV connector `connector` (engine.kv_transfer; a shared folder made for the
+    trial where the connector needs one, removed with it), and the router in P/D mode.
+    `router_host`: where the router listens (the load generator's side)."""
 
     def __init__(self, inner: ServerLauncher, replicas: int, router_host: str = "127.0.0.1",
-                 policy: str = DEFAULT_POLICY) -> None:
-        if replicas < 1:
-            raise ValueError(f"replicas must be >= 1, not {replicas}")
+                 policy: str = DEFAULT_POLICY, prefill: int = 0,
+                 connector: str | None = None) -> None:
+        if replicas < 1 or prefill < 0:
+            raise ValueError(f"replicas must be >= 1 and prefill >= 0, not {replicas}, {prefill}")
+        if prefill and connector is None:
+            raise ValueError("prefill/decode needs a KV connector")
         self.inner, self.replicas, self.router_host, self.policy = (inner, replicas, router_host,
                                                                     policy)
+        self.prefill, self.connector = prefill, connector
+        self._server_args: list[str] = []
+
+    def server_args(self) -> list[str]:
+        """What every server of the deployment gets after its own flags: the KV connector's
+        `--kv-transfer-config` (prefill/decode; its folder made as the launch starts), else
+        nothing. The trial's `argv_for_port` appends it, so the row records it."""
+        return list(self._server_args)
 
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[dict[str, float]],
                on_placed: Callable[[], None] = lambda: None, unit: int = 1) -> ReplicaSet:
-        """`on_placed` is called once, when replica 0's devices are reserved (start-ahead's
-        share gate waits there, before any server starts)."""
+        """`on_placed` is called once, when the first server's devices are reserved
+        (start-ahead's share gate waits there, before any server starts)."""
         servers: list[ServerHandle] = []
+        folder = None
+        if self.prefill:
+            assert self.connector is not None
+            if CONNECTORS[self.connector].shared_folder:
+                folder = Path(tempfile.mkdtemp(prefix="vsweep-kv-"))  # private (0700)
+            self._server_args = kv_transfer_args(self.connector,
+                                                 None if folder is None else str(folder))
+        logs = ([log_path.with_name(f"{log_path.stem}.prefill{i}{log_path.suffix}")
+                 for i in range(self.prefill)]
+                + [replica_log(log_path, i) for i in range(self.replicas)])
+        router_log = log_path.with_name(log_path.stem + ".router.log")
         try:
-            for i in range(self.replicas):
-                servers.append(self.inner.launch(argv_for_port, replica_log(log_path, i), wanted,
+            for i, log in enumerate(logs):
+                servers.append(self.inner.launch(argv_for_port, log, wanted,
                                                  on_placed if i == 0 else lambda: None, unit))
-            router, url = start_router(self.router_host, [s.base_url for s in servers],
-                                       self.policy, log_path.with_name(log_path.stem
-                                                                       + ".router.log"))
+            prefill, decode = servers[:self.prefill], servers[self.prefill:]
+            router, url = start_router(self.router_host, [s.base_url for s in decode],
+                                       self.policy, router_log,
+                                       prefill=[s.base_url for s in prefill])
         except BaseException:
             for server in servers:
                 server.stop()
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
             raise
-        return ReplicaSet(servers, router, url, log_path.with_name(log_path.stem + ".router.log"))
+        return ReplicaSet(servers, router, url, router_log, kv_folder=folder)
 
 
-def start_router(host: str, backends: Sequence[str], policy: str,
-                 log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_router(host: str, backends: Sequence[str], policy: str, log_path: Path,
+                 prefill: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:
     """The router process (argv list, its own session) on a port the kernel picks, and its
     URL once it listens (its ready file appears); TrialError(startup_crash) if it exits or
     does not get ready."""
@@ -146,7 +184,8 @@ def start_router(host: str, backends: Sequence[str], policy: str,
     ready = folder / "ready"
     try:
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(router_argv(host, 0, backends, policy, str(ready)),
+            proc = subprocess.Popen(router_argv(host, 0, backends, policy, str(ready),
+                                                prefill=prefill),
                                     stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=dict(os.environ))
         deadline = time.monotonic() + ROUTER_READY_S
@@ -182,3 +221,17 @@ def _last_line(path: Path) -> str:
     except OSError:
         return "(no router log)"
     return lines[-1][:500] if lines else "(empty router log)"
+
+
+def check_transfer(outcome: TrialOutcome) -> TrialOutcome:
+    """A measured prefill/decode trial whose decode servers loaded no KV through the connector
+    (`kv_transfer_tokens` 0 or unreported) as FAIL(kv_not_transferred): its servers computed
+    every prompt themselves, so it measured two aggregated servers, not the shape it names."""
+    if not outcome.ok or outcome.server_metrics.get("kv_transfer_tokens"):
+        return outcome
+    seen = outcome.server_metrics.get("kv_transfer_tokens")
+    return replace(outcome, fail_reason="kv_not_transferred",
+                   fail_detail=f"the decode servers loaded {seen if seen is not None else 'no'} "
+                               "prompt tokens through the KV connector "
+                               "(vllm:prompt_tokens_by_source_total, external_kv_transfer): "
+                               "the connector moved nothing")

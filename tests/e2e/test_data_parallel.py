@@ -15,9 +15,9 @@ import yaml
 
 from tests.cli import run_joined
 from tests.clusters import join_shared
-from tests.paths import ROOT
 from tests.sweeps import read_requests
 from tests.sweeps import read_trials
+from tests.sweeps import shipped_example
 
 pytestmark = pytest.mark.server
 
@@ -27,14 +27,8 @@ PROMPTS = 24
 
 @pytest.mark.timeout(900)
 def test_four_deployment_shapes_are_each_measured(shared_ray, tiny_model, short_tmp):
-    sweep = yaml.safe_load((ROOT / "sweeps" / "shapes_cpu.yaml").read_text())
-    sweep["model"] = str(tiny_model)
-    sweep["search_space"] = str(ROOT / sweep["search_space"])
-    sweep["results_dir"] = str(short_tmp / "results")
-    sweep["workload"].update(num_prompts=PROMPTS, warmup_requests=4)
-    # what is tested is the shapes and their rows: every request sent (no early stop) and no
-    # trial failing the SLA for this machine's speed
-    sweep["search"].update(confirm_top=0, stop_early=False)
+    sweep = shipped_example("shapes_cpu", tiny_model, short_tmp, PROMPTS)
+    # the shapes and their rows are tested: no trial failing the SLA for this machine's speed
     sweep["sla"] = {"p99_ttft_ms": 600_000}
     path = short_tmp / "shapes_cpu.yaml"
     path.write_text(yaml.safe_dump(join_shared(sweep, shared_ray)))

@@ -1,10 +1,12 @@
-"""framework/engine/router.py: its policies and metrics merge (pure, table tests), and the router
-process itself in front of two FakeEngines and in front of a stub backend whose stream waits on
-the test (so chunk-by-chunk forwarding is checked on an event, not on timing)."""
+"""framework/engine/router.py: its policies, metrics merge and prefill body (pure, table tests),
+and the router process itself in front of two FakeEngines, in P/D mode in front of three (one
+prefill, two decode), and in front of a stub backend whose stream waits on the test (so
+chunk-by-chunk forwarding is checked on an event, not on timing)."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import http.server
 import json
 import os
@@ -27,9 +29,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from framework.cluster.ports import pick_port
 from framework.engine import control
 from framework.engine.router import POLICIES
+from framework.engine.router import PREFILL_HEADER
 from framework.engine.router import READY_PREFIX
 from framework.engine.router import REPLICA_HEADER
 from framework.engine.router import merge_metrics
+from framework.engine.router import prefill_body
 from framework.engine.router import router_argv
 from framework.engine.server_metrics import parse_metrics
 from framework.load.loadgen import wait_ready
@@ -114,19 +118,75 @@ def test_merge_metrics_single_failed_and_headerless_pages(pages, comments, engin
     assert all(("engine" in s[1]) != ("replica" in s[1]) for s in got)
 
 
+def test_merge_metrics_with_names_prefixes_prefill_pages():
+    pages = [page({"success": 2, "latency": 0.5, "cpu": 1.0}),
+             page({"success": 3, "latency": 0.5, "cpu": 2.0}),
+             page({"success": 7, "latency": 0.5, "cpu": 3.0}, engines=("0", "1")), None]
+    merged = merge_metrics(pages, ["0", "1", "p0", "p1"])
+    got = samples(merged)
+    success = {s[1]["engine"]: s[2] for s in got if s[0] == "vllm:request_success_total"}
+    assert success == {"0.0": 2.0, "1.0": 3.0, "p0.0": 7.0, "p0.1": 7.0}
+    assert {s[1]["replica"] for s in got if s[0] == "process_cpu_seconds"} == {"0", "1", "p0"}
+    assert [ln for ln in merged.splitlines() if ln.startswith("# backend")] == [
+        "# backend p1 unreachable"]
+    assert merge_metrics(pages[:2], None) == merge_metrics(pages[:2])
+    with pytest.raises(ValueError):
+        merge_metrics(pages, ["0"])
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5,
+        "seed": 7, "max_completion_tokens": 300, "stream": True,
+        "stream_options": {"include_usage": True}}
+
+
+@pytest.mark.parametrize(("body", "path", "expected"), [
+    ({"model": "m", "prompt": "hello", "max_tokens": 64, "stream": True,
+      "stream_options": {"include_usage": True}, "temperature": 0.0, "seed": 1},
+     "/v1/completions",
+     {"model": "m", "prompt": "hello", "max_tokens": 1, "stream": False, "temperature": 0.0,
+      "seed": 1}),
+    ({"model": "m", "prompt": [1, 2, 3]}, "/v1/completions",  # no max_tokens nor stream given
+     {"model": "m", "prompt": [1, 2, 3], "max_tokens": 1, "stream": False}),
+    (CHAT, "/v1/chat/completions",
+     {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.5,
+      "seed": 7, "max_tokens": 1, "max_completion_tokens": 1, "stream": False}),
+    ({"model": "m", "messages": [], "max_tokens": 9}, "/v1/chat/completions",  # chat: set anyway
+     {"model": "m", "messages": [], "max_tokens": 1, "max_completion_tokens": 1, "stream": False}),
+    ({"prompt": "p", "max_completion_tokens": 9, "stream": False}, "/v1/completions",  # present
+     {"prompt": "p", "max_tokens": 1, "max_completion_tokens": 1, "stream": False}),
+])
+def test_prefill_body(body, path, expected):
+    before = copy.deepcopy(body)
+    assert prefill_body(body, path) == expected
+    assert body == before, "the input is not mutated"
+
+
+def test_prefill_body_default_path_is_completions():
+    assert prefill_body({"prompt": "p", "stream_options": {}}) == {"prompt": "p", "max_tokens": 1,
+                                                                   "stream": False}
+
+
 def test_router_argv():
     argv = router_argv("127.0.0.1", 8100, ["http://a:1", "http://b:2"], "least_outstanding", None)
     assert argv[1:] == ["-m", "framework.engine.router", "--host", "127.0.0.1", "--port", "8100",
                         "--backend", "http://a:1", "--backend", "http://b:2",
                         "--policy", "least_outstanding"]
     assert router_argv("h", 1, ["u"], "round_robin", "/r")[-2:] == ["--ready-file", "/r"]
+    assert "--prefill" not in router_argv("h", 1, ["u"], "round_robin", None)
+    argv = router_argv("h", 1, ["http://d:1"], "round_robin", "/r",
+                       prefill=["http://p:1", "http://p:2"])
+    assert argv[3:] == ["--host", "h", "--port", "1", "--backend", "http://d:1",
+                        "--policy", "round_robin", "--prefill", "http://p:1",
+                        "--prefill", "http://p:2", "--ready-file", "/r"]
 
 
-def start_router(backends: list[str], tmp_path: Path, policy: str = "round_robin"):
+def start_router(backends: list[str], tmp_path: Path, policy: str = "round_robin",
+                 prefill: tuple[str, ...] = ()):
     """The router on a free port (--port 0): (process, its URL) once its ready file appears."""
     ready, log = tmp_path / "router.ready", tmp_path / "router.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(router_argv("127.0.0.1", 0, backends, policy, str(ready)),
+        proc = subprocess.Popen(router_argv("127.0.0.1", 0, backends, policy, str(ready),
+                                            prefill=prefill),
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + GUARD_S
     while not ready.exists():
@@ -159,6 +219,12 @@ def get(url: str) -> tuple[int, str]:
 
 def complete(url: str, key: str = API_KEY) -> tuple[int, str, str, list[str]]:
     """A streaming completion: (status, replica header, content type, its `data:` lines)."""
+    status, headers, lines = complete_with_headers(url, key)
+    return status, headers[REPLICA_HEADER], headers["Content-Type"], lines
+
+
+def complete_with_headers(url: str, key: str = API_KEY):
+    """A streaming completion: (status, its response headers, its `data:` lines)."""
     body = {"model": "fake", "prompt": "hello there", "max_tokens": 4, "stream": True,
             "stream_options": {"include_usage": True}}
     req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
@@ -166,26 +232,34 @@ def complete(url: str, key: str = API_KEY) -> tuple[int, str, str, list[str]]:
                                           "Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(req, timeout=GUARD_S) as r:
         lines = [ln.decode().strip() for ln in r if ln.startswith(b"data:")]
-        return r.status, r.headers[REPLICA_HEADER], r.headers["Content-Type"], lines
+        return r.status, r.headers, lines
 
 
-@pytest.mark.timeout(120)
-def test_router_in_front_of_two_fake_engines(tmp_path):
+def start_fake_engines(n: int, tmp_path: Path, engines: list[subprocess.Popen]) -> list[str]:
+    """n FakeEngines (fast, VLLM_API_KEY=API_KEY), each appended to `engines` as it starts (the
+    caller stops them); their URLs once each answers /health."""
     env = dict(os.environ, FAKE_ENGINE_STARTUP_S="0", FAKE_ENGINE_TTFT_MS="1", FAKE_ENGINE_TPOT_MS="1")
     env.pop(control.SOCKET_VAR, None)
     env["VLLM_API_KEY"] = API_KEY
     ports: list[int] = []
-    for _ in range(2):
+    for _ in range(n):
         ports.append(pick_port("127.0.0.1", ports))
-    backends = [f"http://127.0.0.1:{p}" for p in ports]
-    engines, router = [], None
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    for i, port in enumerate(ports):
+        argv = ["--model", "fake", "--host", "127.0.0.1", "--port", str(port)]
+        engines.append(start_engine("framework.engine.fake_engine", argv, env,
+                                    tmp_path / f"engine{i}.log"))
+    for proc, url in zip(engines[-n:], urls):
+        assert asyncio.run(wait_ready(url, GUARD_S, is_alive=lambda p=proc: p.poll() is None))
+    return urls
+
+
+@pytest.mark.timeout(120)
+def test_router_in_front_of_two_fake_engines(tmp_path):
+    engines: list[subprocess.Popen] = []
+    router = None
     try:
-        for i, port in enumerate(ports):
-            argv = ["--model", "fake", "--host", "127.0.0.1", "--port", str(port)]
-            engines.append(start_engine("framework.engine.fake_engine", argv, env,
-                                        tmp_path / f"engine{i}.log"))
-        for proc, backend in zip(engines, backends):
-            assert asyncio.run(wait_ready(backend, GUARD_S, is_alive=lambda p=proc: p.poll() is None))
+        backends = start_fake_engines(2, tmp_path, engines)
         router, url = start_router(backends, tmp_path)
 
         answers = [complete(url) for _ in range(8)]
@@ -212,6 +286,67 @@ def test_router_in_front_of_two_fake_engines(tmp_path):
         assert status == 503 and "backend 1" in text and backends[1] in text and "backend 0" not in text
         status, text = get(f"{url}/metrics")
         assert status == 200 and "# backend 1 unreachable" in text
+        assert stop_router(router) == 0
+    finally:
+        if router is not None:
+            stop_router(router)
+        for proc in engines:
+            stop_engine(proc)
+
+
+@pytest.mark.timeout(120)
+def test_router_in_prefill_decode_mode_in_front_of_three_fake_engines(tmp_path):
+    engines: list[subprocess.Popen] = []
+    router = None
+    try:
+        prefill, *decode = start_fake_engines(3, tmp_path, engines)
+        router, url = start_router(decode, tmp_path, prefill=(prefill,))
+
+        answers = [complete_with_headers(url) for _ in range(4)]
+        assert [a[1][REPLICA_HEADER] for a in answers] == ["0", "1", "0", "1"]
+        assert [a[1][PREFILL_HEADER] for a in answers] == ["0"] * 4
+        for status, headers, lines in answers:
+            assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+            assert lines[-1] == "data: [DONE]"
+            assert json.loads(lines[-2][len("data:"):])["usage"]["completion_tokens"] == 4
+
+        def direct(server: str) -> dict[str, float]:
+            """The server's own /metrics: parse_metrics's values, plus generated tokens."""
+            status, text = get(f"{server}/metrics")
+            assert status == 200
+            tokens = [s[2] for s in samples(text) if s[0] == "vllm:generation_tokens_total"]
+            return {**parse_metrics(text), "tokens": sum(tokens)}
+        # FakeEngine honours max_tokens: the prefill server generated one token per request
+        assert direct(prefill)["vllm:request_success_total@engine=0"] == 4
+        assert direct(prefill)["tokens"] == 4
+        assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
+        assert [direct(d)["tokens"] for d in decode] == [8, 8]
+
+        status, text = get(f"{url}/metrics")
+        assert status == 200
+        per_engine = {k: v for k, v in parse_metrics(text).items() if "@engine=" in k}
+        assert per_engine == {"vllm:request_success_total@engine=0.0": 2.0,
+                              "vllm:request_success_total@engine=1.0": 2.0,
+                              "vllm:request_success_total@engine=p0.0": 4.0}
+        assert 'replica="p0"' in text
+
+        # a prefill refusal comes back as is, and no decode server is asked
+        with pytest.raises(urllib.error.HTTPError) as err:
+            complete(url, key="wrong")
+        assert err.value.code == 401 and err.value.headers[PREFILL_HEADER] == "0"
+        assert err.value.headers[REPLICA_HEADER] is None
+        assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
+
+        assert get(f"{url}/health") == (200, "")
+        stop_engine(engines[0])  # the prefill server
+        status, text = get(f"{url}/health")
+        assert status == 503 and f"prefill 0 ({prefill})" in text and "backend" not in text
+        with pytest.raises(urllib.error.HTTPError) as err:
+            complete(url)
+        assert err.value.code == 502 and err.value.headers[PREFILL_HEADER] == "0"
+        error = json.loads(err.value.read())["error"]
+        assert "prefill 0" in error and prefill in error
+        assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
         assert stop_router(router) == 0
     finally:
         if router is not None:

@@ -17,6 +17,7 @@ import pytest
 
 from framework.config.search_space import load_search_space
 from framework.engine import server_metrics
+from framework.engine.server_metrics import KV_TRANSFERRED
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
 from framework.engine.server_metrics import MetricsSampler
 from framework.engine.server_metrics import Sample
@@ -342,7 +343,7 @@ def test_server_metrics_reach_the_trial_row() -> None:
     values = {"kv_cache_usage_max": 0.5, "kv_cache_usage_mean": 0.2, "preemptions": 3,
               "prefix_cache_hit_rate": None, "waiting_requests_max": 1,
               "running_requests_max": 8, "queue_time_mean_s": 0.01, "metrics_samples": 4,
-              "engines_served": 2, "engine_share_min": 0.48}
+              "engines_served": 2, "engine_share_min": 0.48, "kv_transfer_tokens": 384}
     outcome = TrialOutcome(started_at=datetime.now(UTC), argv=(),
                            server_metrics=values)
     row = trial_row(ctx, outcome, None, columns)
@@ -382,3 +383,26 @@ def test_no_engine_label_no_engine_columns() -> None:
                Sample(1.0, {"vllm:num_requests_running": 2.0})]
     summary = summarize(samples)
     assert summary["engines_served"] is None and summary["engine_share_min"] is None
+
+
+# vLLM 0.32's prompt-token sources (vllm/v1/metrics/loggers.py), as a decode server of a
+# prefill/decode pair reports them after loading KV through its connector
+SOURCES = """# HELP vllm:prompt_tokens_by_source_total Prompt tokens by source.
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} %d
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 7
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} %d
+"""
+
+
+def test_the_kv_loaded_through_a_connector_is_its_source_alone() -> None:
+    """Guards kv_transfer_tokens: only the external_kv_transfer source's growth in the run
+    counts (not the locally computed or cached prompt tokens); no such series, None."""
+    before = parse_metrics(SOURCES % (100, 0))
+    after = parse_metrics(SOURCES % (130, 384))
+    assert after[KV_TRANSFERRED] == 384
+    samples = [Sample(0.0, before, bracket=True), Sample(1.0, after, bracket=True)]
+    assert summarize(samples)["kv_transfer_tokens"] == 384
+    plain = [Sample(0.0, parse_metrics(TWO_ENGINES % (0, 0, 5))),
+             Sample(1.0, parse_metrics(TWO_ENGINES % (0, 10, 5)))]
+    assert summarize(plain)["kv_transfer_tokens"] is None

@@ -519,3 +519,38 @@ def test_compare_takes_results_directories(tmp_path, tiny_model, monkeypatch):
     res = cli_in_process("compare", "../results/h100", "../results/l4", cwd=elsewhere)
     assert res.returncode == 2 and "no origin.json here" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_export_serve_prints_a_command_per_server_and_the_router(tmp_path, tiny_model):
+    """Guards #36's serve export: one server ships its one `vllm serve` line; N replicas a line
+    per server on its own port and the router in front with every one as a backend; 1P1D the
+    prefill server as the router's --prefill, both with the KV connector's flag."""
+    import shlex
+
+    from framework.results import deploy
+    from framework.sweep.loader import load
+
+    sweep = capacity_sweep(tmp_path, tiny_model, "serve", None, [10.0], 1000.0)
+    sw = load(sweep)
+    found = deploy.shipped(sw.store.read_trials(), sw.spec, list(sw.space.parameters))
+    assert isinstance(found, deploy.Shipped)
+    assert deploy.serve_text(found) == found.serve_command + "\n"
+
+    lines = deploy.serve_text(replace(found, servers=2)).splitlines()
+    assert lines[0].startswith("# 2 replicas")
+    servers = [shlex.split(line) for line in lines[1:3]]
+    assert [argv[argv.index("--port") + 1] for argv in servers] == ["8001", "8002"]
+    router = shlex.split(lines[3])
+    assert router[:3] == ["python", "-m", "framework.engine.router"]
+    assert [router[i + 1] for i, a in enumerate(router) if a == "--backend"] == [
+        "http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+
+    lines = deploy.serve_text(replace(found, servers=2, prefill=1)).splitlines()
+    assert "1 prefill + 1 decode" in lines[0] and deploy.KV_FOLDER in lines[0]
+    for line in lines[1:3]:
+        argv = shlex.split(line)
+        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert config["kv_connector_extra_config"]["shared_storage_path"] == deploy.KV_FOLDER
+    router = shlex.split(lines[3])
+    assert router[router.index("--prefill") + 1] == "http://127.0.0.1:8001"
+    assert router[router.index("--backend") + 1] == "http://127.0.0.1:8002"

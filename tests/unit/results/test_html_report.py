@@ -232,3 +232,25 @@ def test_row_text_reaches_the_report_escaped(tmp_path):
     # the page's elements are those of the same report with harmless strings
     benign = _report_of(tmp_path, "startup_crash", "died", "line 1\nline 2", "64", "0.32")
     assert _tags(text) == _tags(benign)
+
+
+def _shapes_report(tmp_path: Path, shapes: list[str]) -> str:
+    trials = pd.DataFrame([
+        {"trial_number": i, "state": "COMPLETE", "feasible": True, "is_baseline": i == 0,
+         "objective": 100.0 + i, "output_throughput": 100.0 + i, "p99_ttft_ms": 200.0,
+         "p99_tpot_ms": 8.0, "fail_reason": None, "fail_detail": None, "log_tail": None,
+         "vllm_version": "0.32", "serve_command": "vllm serve m", "param_replicas": 1 + i,
+         "shape": shape, "engines_served": 1 + i} for i, shape in enumerate(shapes)])
+    spec = SweepSpec.model_validate({"name": "x", "model": "m", "search_space": "s.yaml",
+                                     "sla": SLA})
+    return render_report(trials, spec, None, tmp_path / f"{len(shapes)}.html").read_text()
+
+
+def test_the_trial_table_shows_shapes_only_where_they_differ(tmp_path):
+    """Guards #36's report: a sweep over deployment shapes names each trial's shape and the
+    engines that served; a one-shape sweep's table is unchanged (no such column)."""
+    mixed = _shapes_report(tmp_path, ["TP1xPP1", "2xTP1xPP1"])
+    assert "<th>shape</th><th>engines served</th>" in mixed
+    assert "<td>2xTP1xPP1</td><td>2</td>" in mixed
+    same = _shapes_report(tmp_path, ["TP1xPP1"])
+    assert "<th>shape</th>" not in same and "engines served" not in same

@@ -4,9 +4,15 @@ a real process), measured as one deployment (test_runner_contract's launcher and
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 import pytest
+import yaml
 
+from framework.engine.kv_transfer import kv_transfer_args
+from framework.trial import replicas
 from framework.trial.replicas import replica_log
 from tests.unit.sweep.test_runner_contract import FakeLauncher
 from tests.unit.sweep.test_runner_contract import _run
@@ -47,3 +53,50 @@ def test_two_replicas_are_one_trial_measured_through_the_router(tmp_path):
     log = runner.store.log_path(two)
     assert replica_log(log, 1).is_file() and replica_log(log, 1) != log
     assert "router ready" in log.with_name(log.stem + ".router.log").read_text()
+
+
+def _pd_sweep(tmp_path: Path) -> Path:
+    """One aggregated server against one prefill + one decode server, 40-token prompts (two
+    whole KV blocks of 16 move per request)."""
+    space = {"prefill-servers": {"type": "categorical", "choices": [0, 1], "kind": "shape",
+                                 "default": 0}}
+    path = _sweep(tmp_path, "pd", space, False, 2)
+    sweep = yaml.safe_load(path.read_text())
+    sweep["workload"]["input_len"] = 40
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+@pytest.mark.timeout(180)
+def test_prefill_decode_moves_the_kv_and_a_connector_that_moves_none_fails(tmp_path,
+                                                                          monkeypatch):
+    """Guards #36's prefill/decode seam on FakeEngine (which fakes ExampleConnector's
+    observable contract): a 1P1D trial prefills every request on P and decodes it on D, whose
+    loaded tokens (kv_transfer_tokens: 32 a request) reach the row; the KV folder goes with the
+    trial; and the same shape with a connector that moves nothing (FakeEngine fakes no NIXL)
+    is FAIL(kv_not_transferred), not a faster shape."""
+    import os
+
+    launcher = FakeLauncher(gpus=2)
+    runner, counted, out = _run(_pd_sweep(tmp_path), launcher, 2)
+    trials = _told_once_with_rows(runner, counted, 2).set_index("param_prefill_servers")
+    assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], out
+    assert list(trials["shape"]) == ["TP1xPP1", "1P1DxTP1xPP1"]
+    assert trials.loc[0, "kv_transfer_tokens"] == 0  # FakeEngine reports it; nothing to load
+    assert trials.loc[1, "kv_transfer_tokens"] == 8 * 32
+    # the P/D trial's argv carries the connector and its (removed) folder
+    argv = list(trials.loc[1, "vllm_argv"])
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "ExampleConnector"
+    assert not os.path.exists(config["kv_connector_extra_config"]["shared_storage_path"])
+    assert [s.stops for s in launcher.servers] == [1, 1, 1]
+
+    monkeypatch.setattr(replicas, "kv_transfer_args",
+                        lambda name, folder=None: kv_transfer_args("NixlConnector"))
+    launcher = FakeLauncher(gpus=2)
+    (tmp_path / "broken").mkdir()
+    runner, counted, out = _run(_pd_sweep(tmp_path / "broken"), launcher, 2)
+    trials = _told_once_with_rows(runner, counted, 2).set_index("param_prefill_servers")
+    assert trials.loc[0, "state"] == "COMPLETE"
+    assert trials.loc[1, "fail_reason"] == "kv_not_transferred", out
+    assert "moved nothing" in trials.loc[1, "fail_detail"]
