@@ -85,8 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from framework.cluster.autoscaling import AutoscalingConfigError
     from framework.cluster.autoscaling import find_scale_up
     from framework.cluster.driver_session import DriverSession
+    from framework.cluster.shared_folder import check_shared_folder
     from framework.sweep import loader as sweep_mod
     from framework.sweep.runner import Runner
+    from framework.sweep.trial_plan import may_prefill
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     sw = sweep_mod.load(Path(args.sweep))
@@ -131,6 +133,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             if left:
                 console.print(f"removed {len(left)} temp folder(s) left by runs that died: "
                               f"{', '.join(left)}", highlight=False, soft_wrap=True)
+            if spec.cluster.shared_folder and may_prefill(sw.space):
+                nodes = check_shared_folder(spec.cluster.shared_folder)
+                console.print(f"cluster.shared_folder {spec.cluster.shared_folder}: one folder "
+                              f"on all {nodes} node(s)", highlight=False, soft_wrap=True)
             runner = Runner(sw, launcher, console)
             runner.recover()  # a killed run's trials are closed before --add-trials counts
             target = max(runner.tuner.finished(), spec.search.n_trials)
@@ -280,6 +286,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from framework.config.search_space import configurations
     from framework.results.queries import phase_means
     from framework.sweep import loader as sweep_mod
     from framework.sweep import plan
@@ -288,7 +295,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec, space = sw.spec, sw.space
     size = plan.space_size(space)
     exhaustive = size is not None and size <= plan.ENUMERATE_LIMIT
-    configs = (list(plan.configurations(space)) if exhaustive
+    configs = (list(configurations(space)) if exhaustive
                else plan.sample(space, plan.SAMPLE_SIZE, spec.search.seed))
 
     def check(params: Mapping[str, Scalar]):

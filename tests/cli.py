@@ -12,7 +12,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import yaml
+
 from tests.clusters import SharedRay
+from tests.clusters import join_shared
 from tests.paths import CLI
 from tests.paths import ROOT
 from tests.procs import MARKER_VAR
@@ -70,6 +73,17 @@ def cli_joined(args: list[str], cwd: Path, marker: str,
     """`vllm-sweep ARGS` in this process (cli_in_process), TMPDIR `cwd`, for a command that joins
     an emulated cluster (its processes carry `marker`; RAY_TMPDIR `ray_tmp`, its folder)."""
     return cli_in_process(*args, cwd=cwd, env=joined_cli_env(marker, cwd, ray_tmp))
+
+
+def run_shared_sweep(ray: SharedRay, sweep: dict, tmp: Path, expect: int = 0) -> Path:
+    """`sweep` joined to the shared Ray (clusters.join_shared), written as tmp/<name>.yaml and
+    run (`vllm-sweep run`, run_joined); asserts its exit status is `expect`. Returns the file,
+    for the commands that read its results (export, best)."""
+    path = tmp / f"{sweep['name']}.yaml"
+    path.write_text(yaml.safe_dump(join_shared(sweep, ray)))
+    done = run_joined(ray, ["run", str(path)], tmp)
+    assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
+    return path
 
 
 def run_joined(ray: SharedRay, args: list[str], cwd: Path,

@@ -9,7 +9,8 @@ release of a trial's devices. The only package importing ray.
 - `actors`: `ServerActor` (devices held as vLLM uses them) and FakeEngine's `FakeWorker`;
 - `devices`: which physical GPU each process of a trial computes on, as vLLM picks it (pure;
   the fake-GPU contract FakeEngine's workers follow);
-- `jobs`: Ray's job submission API (`vllm-sweep submit`).
+- `jobs`: Ray's job submission API (`vllm-sweep submit`);
+- `shared_folder`: cluster.shared_folder checked on every node (prefill/decode across nodes).
 """
 
 from framework.cluster.actors import OCCUPANCY_LOG_ENV

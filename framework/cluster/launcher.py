@@ -71,13 +71,17 @@ def _bundle_nodes(group: PlacementGroup) -> tuple[str, ...]:
     return tuple(ips.get(by_bundle[i], "?") for i in sorted(by_bundle))
 
 
-def _layout_now(wanted: Sequence[Bundle], unit: int) -> Layout:
+def _layout_now(wanted: Sequence[Bundle], unit: int, avoid: frozenset[str] = frozenset()
+                ) -> Layout:
     """`placement.layout` from the resources free on each alive node now (Ray's per-node
-    availability, ray/_private/state.py `available_resources_per_node`) and their totals."""
-    total = {n["NodeID"]: dict(n["Resources"]) for n in ray.nodes() if n["Alive"]}
+    availability, ray/_private/state.py `available_resources_per_node`) and their totals;
+    `avoid`: node IPs, as the nodes at those addresses."""
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    total = {n["NodeID"]: dict(n["Resources"]) for n in alive}
     free = {k: v for k, v in ray._private.state.available_resources_per_node().items()
             if k in total}
-    return layout(wanted, unit, free, total)
+    ids = [n["NodeID"] for n in alive if n["NodeManagerAddress"] in avoid]
+    return layout(wanted, unit, free, total, ids)
 
 
 def _create(wanted: Sequence[Bundle], plan: Layout) -> PlacementGroup:
@@ -189,10 +193,11 @@ class RayLauncher:
             found.append(held.describe())
         return "; ".join(found)
 
-    def _place(self, wanted: Sequence[Bundle], unit: int) -> PlacementGroup | None:
+    def _place(self, wanted: Sequence[Bundle], unit: int, avoid: frozenset[str] = frozenset()
+               ) -> PlacementGroup | None:
         """Reserve the group, laid out again every RELAYOUT_S while pinned stages wait; None
         when cancelled or past the placement timeout."""
-        plan = _layout_now(wanted, unit)
+        plan = _layout_now(wanted, unit, avoid)
         group = _create(wanted, plan)
         ready_ref = group.ready()  # one wait per group, not one per poll
         deadline = time.monotonic() + self.placement_timeout_s
@@ -203,7 +208,7 @@ class RayLauncher:
                 return group
             if plan.label_selector and time.monotonic() - laid_out > RELAYOUT_S:
                 laid_out = time.monotonic()
-                again = _layout_now(wanted, unit)
+                again = _layout_now(wanted, unit, avoid)
                 if again != plan:
                     remove_placement_group(group)
                     plan, group = again, _create(wanted, again)
@@ -213,12 +218,13 @@ class RayLauncher:
 
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[Bundle], on_placed: Callable[[], None] = lambda: None,
-               unit: int = 1) -> RayServer:
+               unit: int = 1, avoid: frozenset[str] = frozenset()) -> RayServer:
         """Reserve the trial's group (waits while the cluster is full; `unit` consecutive
-        bundles share a node), then start the server actor on bundle 0.
+        bundles share a node; not on the nodes at the IPs in `avoid` where the others could
+        hold it), then start the server actor on bundle 0.
         `argv_for_port(host, port)` builds the argv once the port is known."""
         try:
-            group = self._place(wanted, unit)
+            group = self._place(wanted, unit, avoid)
             placed_at = time.time()
         finally:
             on_placed()

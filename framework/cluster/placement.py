@@ -27,6 +27,7 @@ used by tests/gpu/test_real_gpu.py and tests/e2e/test_gpu_devices.py).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -202,11 +203,24 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 
 def layout(wanted: Sequence[Bundle], unit: int, free: Mapping[str, Mapping[str, float]],
-           total: Mapping[str, Mapping[str, float]]) -> Layout:
+           total: Mapping[str, Mapping[str, float]], avoid: Collection[str] = ()) -> Layout:
     """STRICT_PACK for one unit, PACK for units of one bundle (Ray fills the node it picks
     first), else every stage pinned to a node: chosen from the `free` resources per node if
     they can take the group now, else from the `total` ones (the group then waits there; the
-    launcher lays it out again later)."""
+    launcher lays it out again later).
+    `avoid`: node ids the group should not use (a decode server: its prefill servers' nodes).
+    Kept when the other nodes' totals could hold the group: pinned stages are then chosen among
+    them, else every bundle gets the selector `ray.io/node-id: !in(<ids>)`; dropped when they
+    could not (the group is laid out as without it)."""
+    if avoid:
+        others_free = {n: r for n, r in free.items() if n not in avoid}
+        others_total = {n: r for n, r in total.items() if n not in avoid}
+        if assign_units(wanted, unit, others_total) is not None:
+            pinned = layout(wanted, unit, others_free, others_total)
+            if pinned.label_selector:
+                return pinned
+            away = {NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}
+            return Layout(pinned.strategy, tuple(dict(away) for _ in wanted))
     if unit >= len(wanted):
         return Layout("STRICT_PACK")
     if unit == 1:

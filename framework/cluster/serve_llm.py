@@ -6,14 +6,18 @@ Ray Serve LLM hands them to vLLM (LLMConfig.get_engine_config: every key an Asyn
 FrontendArgs field; get_initialization_kwargs). A data-parallel application
 (`build_dp_openai_app`) is checked by its own args model (DPOpenAiServingArgs) and the DP size
 check of its DPServer deployment (not by calling DPServer.get_deployment_options, which starts a
-local Ray). Nothing is started and no model is read. Importing ray.serve.llm imports vLLM."""
+local Ray). A prefill/decode application (`build_pd_openai_app`) is checked by its args model
+(PDServingArgs: one model id, a kv_transfer_config on both sides), then each of its two
+LLMConfigs as above. Nothing is started and no model is read. Importing ray.serve.llm imports
+vLLM."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from framework.base.errors import ConfigError
-from framework.fleet.manifests import RAY_SERVE_DP_BUILDER
+from framework.fleet.ray_serve import RAY_SERVE_DP_BUILDER
+from framework.fleet.ray_serve import RAY_SERVE_PD_BUILDER
 
 
 def check_ray_serve_config(doc: Mapping[str, object], where: str = "ray-serve config") -> int:
@@ -54,6 +58,11 @@ def _llm_configs(import_path: str, args: object, serving_args: type) -> list:
             raise ValueError(f"Invalid data_parallel_size: {dp_size}, expecting positive "
                              "integer.")
         return [config]
+    if import_path == RAY_SERVE_PD_BUILDER:
+        from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+
+        pd = PDServingArgs.model_validate(args)
+        return [pd.prefill_config, pd.decode_config]
     return list(serving_args.model_validate(args).llm_configs)  # type: ignore[attr-defined]
 
 

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 from typing import Any
@@ -50,6 +52,7 @@ from pydantic import model_validator
 
 from framework.base.vocabulary import Scalar
 from framework.config import secret_names
+from framework.config.yaml_io import EntryError
 from framework.config.yaml_io import SecretInSweep
 from framework.config.yaml_io import load_validated
 
@@ -188,33 +191,41 @@ class SearchSpace(BaseModel):
 
     @model_validator(mode="after")
     def _named(self) -> SearchSpace:
+        """Each parameter's rules; an error names the parameter and shows its own entry
+        (yaml_io.EntryError), not the whole file."""
         if not self.parameters:
             raise ValueError("no parameters")
-        for name, param in self.parameters.items():
-            if name.startswith("-") or not name.replace("-", "").isalnum():
-                raise ValueError(f"parameter {name!r}: use the vLLM flag name without dashes")
-            object.__setattr__(param, "name", name)
-            if param.kind == "run" and name not in RUN_SETTINGS:
-                raise ValueError(f"parameter {name!r}: kind: run is for the load settings "
-                                 f"{', '.join(RUN_SETTINGS)}; a vLLM flag is kind: server")
-            if param.kind == "run" and param.lossy:
-                raise ValueError(f"parameter {name!r}: lossy: true is for vLLM flags; a load "
-                                 "setting does not change the outputs")
-            if param.kind == "server" and name in RUN_SETTINGS:
-                raise ValueError(f"parameter {name!r} is a load setting, not a vLLM flag: "
-                                 "mark it kind: run")
-            _check_shape_param(name, param)
         seen: list[str] = []
         for name, param in self.parameters.items():
-            for other, value in param.when.items():
-                if other not in seen:
-                    raise ValueError(f"parameter {name!r}: when names {other!r}, which is not a "
-                                     "parameter listed before it")
-                if not _can_take(self.parameters[other], value):
-                    raise ValueError(f"parameter {name!r}: when {other}: {value!r} is a value "
-                                     f"{other!r} never takes")
+            try:
+                self._check(name, param, seen)
+            except ValueError as exc:
+                shown = param.model_dump(exclude_defaults=True, exclude={"name", "help"})
+                raise EntryError(f"parameters.{name}", shown, str(exc)) from None
             seen.append(name)
         return self
+
+    def _check(self, name: str, param: _Param, before: Sequence[str]) -> None:
+        if name.startswith("-") or not name.replace("-", "").isalnum():
+            raise ValueError(f"parameter {name!r}: use the vLLM flag name without dashes")
+        object.__setattr__(param, "name", name)
+        if param.kind == "run" and name not in RUN_SETTINGS:
+            raise ValueError(f"parameter {name!r}: kind: run is for the load settings "
+                             f"{', '.join(RUN_SETTINGS)}; a vLLM flag is kind: server")
+        if param.kind == "run" and param.lossy:
+            raise ValueError(f"parameter {name!r}: lossy: true is for vLLM flags; a load "
+                             "setting does not change the outputs")
+        if param.kind == "server" and name in RUN_SETTINGS:
+            raise ValueError(f"parameter {name!r} is a load setting, not a vLLM flag: "
+                             "mark it kind: run")
+        _check_shape_param(name, param)
+        for other, value in param.when.items():
+            if other not in before:
+                raise ValueError(f"parameter {name!r}: when names {other!r}, which is not a "
+                                 "parameter listed before it")
+            if not _can_take(self.parameters[other], value):
+                raise ValueError(f"parameter {name!r}: when {other}: {value!r} is a value "
+                                 f"{other!r} never takes")
 
     @property
     def run_params(self) -> tuple[str, ...]:
@@ -290,8 +301,8 @@ def _check_shape_param(name: str, param: _Param) -> None:
     if name not in SHAPE_SETTINGS:
         raise ValueError(f"parameter {name!r}: kind: shape is for {', '.join(SHAPE_SETTINGS)}; "
                          "a vLLM flag is kind: server")
-    if param.lossy or param.when:
-        raise ValueError(f"parameter {name!r}: a shape setting takes neither lossy nor when")
+    if param.lossy:
+        raise ValueError(f"parameter {name!r}: a shape setting is never lossy")
     least = SHAPE_MINIMUM[name]
     values = discrete_values(param, 64)
     if values is None or not all(isinstance(v, int) and not isinstance(v, bool) and v >= least
@@ -305,26 +316,54 @@ def load_search_space(path: Path) -> SearchSpace:
     return load_validated(path, SearchSpace, "search-space")
 
 
-def grid_values(space: SearchSpace, max_points: int = 4096) -> dict[str, list[Scalar]]:
+def configurations(space: SearchSpace) -> Iterator[dict[str, Scalar]]:
+    """Every configuration of a discrete space (every parameter's discrete values), walked as
+    the define-by-run tree: a conditional parameter branches only where its `when` holds, so no
+    configuration repeats. In parameter order; a float range is taken as one value (None)."""
+    names = list(space.parameters)
+    values: list[list[Any]] = [discrete_values(space.parameters[n]) or [None] for n in names]
+
+    def walk(i: int, chosen: dict[str, Scalar]) -> Iterator[dict[str, Scalar]]:
+        if i == len(names):
+            yield dict(chosen)
+            return
+        if not space.active(names[i], chosen):
+            yield from walk(i + 1, chosen)
+            return
+        for value in values[i]:
+            chosen[names[i]] = value
+            yield from walk(i + 1, chosen)
+        del chosen[names[i]]
+
+    return walk(0, {})
+
+
+def grid_values(space: SearchSpace) -> dict[str, list[Scalar]]:
     """Every value of every parameter, for the grid sampler: choices, both booleans, or each
-    step of an int range. Raises ValueError naming the parameter for a float range, a
-    conditional space, or a grid of more than `max_points` configurations."""
+    step of an int range. Raises ValueError naming the parameter for a float range."""
     grid: dict[str, list[Scalar]] = {}
     for name, p in space.parameters.items():
-        if p.when:
-            raise ValueError(f"parameter {name!r} is conditional (when); the grid sampler needs "
-                             "every parameter in every trial")
         values = discrete_values(p)
         if values is None:
             raise ValueError(f"parameter {name!r} is a float range; the grid sampler needs a "
                              "categorical list of values")
         grid[name] = values
-    size = math.prod(len(values) for values in grid.values())
-    if size > max_points:
-        raise ValueError(f"the grid has {size} configurations (more than {max_points}); use "
-                         "categorical choices for the large ranges")
     return grid
 
 
+def grid_points(space: SearchSpace, max_points: int = 4096) -> list[dict[str, Scalar]]:
+    """The grid sampler's configurations: the product of grid_values, a conditional parameter
+    only where its `when` holds (configurations). Raises ValueError for a float range or a grid
+    of more than `max_points` configurations."""
+    grid_values(space)
+    points = list(itertools.islice(configurations(space), max_points + 1))
+    if len(points) > max_points:
+        size = math.prod(len(v) for v in grid_values(space).values())
+        raise ValueError(f"the grid has {'up to ' if space.conditional else ''}{size} "
+                         f"configurations (more than {max_points}); use categorical choices "
+                         "for the large ranges")
+    return points
+
+
 def grid_size(space: SearchSpace) -> int:
-    return math.prod(len(values) for values in grid_values(space).values())
+    return len(grid_points(space))

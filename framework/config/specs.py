@@ -29,6 +29,7 @@ from framework.base.vocabulary import parse_latency_key
 from framework.base.vocabulary import percentile_key
 from framework.base.vocabulary import split_class_key
 from framework.config import secret_names
+from framework.config.cluster_spec import ClusterSpec
 from framework.config.results_location import is_store_uri
 from framework.config.results_location import uri_problem
 from framework.config.search_spec import CapacitySpec
@@ -224,38 +225,6 @@ class ObjectiveSpec(_Spec):
 
 
 FLEET_FROM_CAPACITY = FLEET_OBJECTIVES[:2]  # sized from capacity_rps and target: (fleet.sizing)
-
-
-class ClusterSpec(_Spec):
-    """Where trials run. `address: null` (and no RAY_ADDRESS) starts a private local Ray.
-
-    `max_concurrent_trials: null` runs as many trials side by side as the cluster can place,
-    except on the CPU engine, where it means 1: CPU trials share the same cores and would
-    distort each other's measurements. `start_ahead: n` (CPU and fake engines): up to 1 + n
-    trials at once, whose servers start side by side while nothing is measured and then wait,
-    ready, for their turn: each measurement still runs alone (trial/share_gate.py).
-    `cpus_per_worker`: CPUs of each CPU-engine bundle.
-    `num_cpus` / `num_gpus`: resources of the private local Ray (default: what Ray detects;
-    `num_gpus` on a machine without GPUs declares fake ones, for the fake engine).
-    `cache_dir`: the node-local directory for vLLM's compile cache and Hugging Face's files,
-    kept across jobs (default: $VLLM_SWEEP_CACHE_DIR, else `.cache` of the working directory
-    on a private local Ray and `~/.cache/vllm-sweep` on a joined cluster; `~` is expanded on
-    each node).
-    `autoscaling_config`: a `ray up` cluster config (e.g. cluster.yaml) whose worker node types
-    the cluster's autoscaler may add: a trial whose shape fits only on such a node waits for it
-    instead of being refused as unplaceable (default on a joined cluster: Ray's record of the
-    node groups, else the head's ~/ray_bootstrap_config.yaml; framework/cluster/autoscaling.py).
-    """
-
-    address: str | None = None
-    autoscaling_config: Path | None = None
-    cache_dir: str | None = None
-    num_cpus: int | None = Field(default=None, gt=0)
-    num_gpus: int | None = Field(default=None, ge=0)
-    cpus_per_worker: int = Field(default=1, gt=0)
-    max_concurrent_trials: int | None = Field(default=None, gt=0)
-    start_ahead: int = Field(default=0, ge=0)
-    retry_node_lost: bool = False  # run a trial whose node died once more, as a new trial
 
 
 class SweepSpec(_Spec):

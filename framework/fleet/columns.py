@@ -46,13 +46,6 @@ class Sizing:
     servers: int = 1  # measured together (the replicas shape): fleet_values
 
 
-def deployment_sizing(target: Target | None, price: Price | None, tp: int = 1, pp: int = 1,
-                      dp: int = 1, servers: int = 1) -> Sizing:
-    """The Sizing of a deployment measured as `servers` identical servers of TP x PP x DP
-    devices each behind one router (the replicas shape; 1: one server)."""
-    return Sizing(target, price, tp, pp, dp, servers)
-
-
 def fleet_values(metrics: Mapping[str, float | None], target: Target | None,
                  price: Price | None, tp: int = 1, pp: int = 1, dp: int = 1,
                  servers: int = 1) -> dict[str, object]:

@@ -1,14 +1,6 @@
-"""One shipped configuration as deployment files: a Ray Serve LLM application (`serve run`
-config) and a Kubernetes Deployment + Service. Pure: plain dicts, dumped to YAML by the caller.
-
-Ray Serve LLM (ray/llm/_internal/serve/core/configs/llm_config.py, ray 2.60):
-- `import_path: ray.serve.llm:build_openai_app`, `args.llm_configs`: one LLMConfig;
-- `engine_kwargs`: vLLM's flags as AsyncEngineArgs field names (`max-num-seqs` -> `max_num_seqs`),
-  without `distributed-executor-backend`, which Ray Serve LLM sets itself (ray for GPUs, mp on
-  CPU: engines/vllm/vllm_models.py get_initialization_kwargs);
-- `accelerator_type`: Ray's name of the GPU (RAY_ACCELERATORS); the CPU engine states
-  `accelerator_config: {kind: cpu}` instead;
-- `deployment_config.num_replicas`: the fleet's replicas (1 when the sweep sized none).
+"""One shipped configuration as deployment files: a Kubernetes Deployment + Service, and what
+every deployment file needs (Deployment; the Ray Serve LLM application is fleet/ray_serve.py).
+Pure: plain dicts, dumped to YAML by the caller.
 
 Kubernetes (k8s_manifests): a Deployment and a ClusterIP Service on the same port, built to pass a
 platform team's review and the Pod Security Standard "restricted" profile:
@@ -51,20 +43,7 @@ from dataclasses import field
 
 from framework.base.vocabulary import Scalar
 
-RAY_SERVE_BUILDER = "ray.serve.llm:build_openai_app"
-# vLLM's data parallel as Ray Serve LLM runs it: one Serve replica per DP rank, gang-scheduled
-# (ray/llm/_internal/serve/serving_patterns/data_parallel/builder.py, DPOpenAiServingArgs;
-# dp_server.py: num_replicas counts DP groups and is multiplied by data_parallel_size).
-RAY_SERVE_DP_BUILDER = "ray.serve.llm:build_dp_openai_app"
 DEFAULT_PORT = 8000
-# memory_model.GPUS name -> Ray's accelerator type (ray/util/accelerators/accelerators.py)
-RAY_ACCELERATORS = {
-    "A100-80GB": "A100-80G", "A100-40GB": "A100-40G", "H100-80GB": "H100", "H200-141GB": "H200",
-    "L40S-48GB": "L40S", "A10G-24GB": "A10G", "L4-24GB": "L4",
-}
-_SET_BY_RAY_SERVE = ("distributed-executor-backend",)
-
-
 GIB = 2**30
 GPU_IMAGE = "vllm/vllm-openai"
 CPU_IMAGE = "vllm/vllm-openai-cpu"  # vLLM's docs: installation/cpu.x86.inc.md, pre-built images
@@ -154,11 +133,23 @@ class Deployment:
     env: Mapping[str, str] = field(default_factory=dict)
     size: PodSize | None = None
     dp: int = 1  # vLLM's data-parallel-size: DP engines in the one pod
+    # prefill/decode: servers measured together (`servers`), of which `prefill` prefill
+    # servers, every one with `kv_transfer` (vLLM's KVTransferConfig as a mapping)
+    servers: int = 1
+    prefill: int = 0
+    kv_transfer: Mapping[str, object] | None = None
 
     @property
     def devices(self) -> int:
         """Devices of one replica (pod): TP x PP x DP."""
         return self.tp * self.pp * self.dp
+
+    @property
+    def roles(self) -> tuple[int, int]:
+        """Prefill/decode: (prefill servers, decode servers) of the whole fleet, `replicas`
+        (servers, in whole groups of `servers`) split as the measured group was."""
+        groups = max(1, (self.replicas or self.servers) // self.servers)
+        return groups * self.prefill, groups * (self.servers - self.prefill)
 
 
 def image_for(engine: str, version: str | None) -> str:
@@ -253,35 +244,6 @@ def dns_name(name: str) -> str:
     and ending alphanumeric; "vllm" when nothing is left."""
     label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].rstrip("-")
     return label or "vllm"
-
-
-def engine_kwargs(flags: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
-    """vLLM flags -> AsyncEngineArgs keyword arguments (dashes to underscores; unset flags and
-    the ones Ray Serve LLM sets itself left out)."""
-    return {name.replace("-", "_"): value for name, value in flags.items()
-            if value is not None and name not in _SET_BY_RAY_SERVE}
-
-
-def ray_serve_app(d: Deployment) -> dict[str, object]:
-    """The `serve run` config of one Ray Serve LLM application serving `d`: build_openai_app's
-    llm_configs, or with data-parallel-size > 1 build_dp_openai_app's llm_config (its
-    num_replicas: DP groups)."""
-    llm: dict[str, object] = {
-        "model_loading_config": {"model_id": d.served_name, "model_source": d.model},
-        "engine_kwargs": engine_kwargs(d.flags),
-        "deployment_config": {"num_replicas": d.replicas or 1},
-    }
-    if d.engine == "gpu" and d.gpu in RAY_ACCELERATORS:
-        llm["accelerator_type"] = RAY_ACCELERATORS[d.gpu]
-    elif d.engine != "gpu":
-        llm["accelerator_config"] = {"kind": "cpu"}
-    args: dict[str, object]
-    if d.dp > 1:
-        builder, args = RAY_SERVE_DP_BUILDER, {"llm_config": llm}
-    else:
-        builder, args = RAY_SERVE_BUILDER, {"llm_configs": [llm]}
-    return {"applications": [{"name": dns_name(d.name), "route_prefix": "/",
-                              "import_path": builder, "args": args}]}
 
 
 _OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")

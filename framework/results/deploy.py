@@ -10,6 +10,7 @@ from its flags, cost per million output tokens from that measurement's output_th
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -26,12 +27,13 @@ from framework.config.specs import SweepSpec
 from framework.engine.kv_transfer import CONNECTORS
 from framework.engine.kv_transfer import default_connector
 from framework.engine.kv_transfer import kv_transfer_args
+from framework.engine.kv_transfer import kv_transfer_config
 from framework.engine.memory_model import GIB
 from framework.engine.memory_model import read_model_facts
 from framework.engine.memory_model import weight_bytes_per_gpu
 from framework.engine.server_args import flag_args
+from framework.fleet.columns import Sizing
 from framework.fleet.columns import Target
-from framework.fleet.columns import deployment_sizing
 from framework.fleet.manifests import Deployment
 from framework.fleet.manifests import ModelSource
 from framework.fleet.manifests import PodSize
@@ -132,7 +134,7 @@ def shipped(trials: pd.DataFrame, spec: SweepSpec, params: Sequence[str],
     price = price_of(tp, pp, dp)
     sized = fleet_answer(trials, verdict, currency=spec.pricing.currency,
                          device=device_of(spec.engine),
-                         sizing=deployment_sizing(target, price, tp, pp, dp, servers))
+                         sizing=Sizing(target, price, tp, pp, dp, servers))
     return Shipped(
         sweep=spec.name, trial=verdict.ship, verdict=verdict, objective=metric, value=est,
         model=str(spec.model), flags=flags, serve_command=str(row["serve_command"]),
@@ -170,7 +172,21 @@ def deployment(s: Shipped, image: str, *, source: ModelSource | None = None,
                       pp=s.pp, replicas=s.fleet.replicas if s.fleet else (
                           s.servers if s.servers > 1 else None), image=image,
                       source=source, api_key_secret=api_key_secret, env=env or {}, size=size,
-                      dp=s.dp)
+                      dp=s.dp, servers=s.servers, prefill=s.prefill,
+                      kv_transfer=kv_transfer(s) if s.prefill else None)
+
+
+def shipped_connector(s: Shipped) -> tuple[str, str | None]:
+    """The KV connector a shipped prefill/decode deployment runs (engine.kv_transfer's default
+    for its engine) and its folder in the exports (KV_FOLDER where it needs one)."""
+    connector = default_connector(s.engine)
+    return connector, KV_FOLDER if CONNECTORS[connector].shared_folder else None
+
+
+def kv_transfer(s: Shipped) -> dict[str, object]:
+    """What every server of a shipped prefill/decode deployment gets, as vLLM's
+    KVTransferConfig mapping (the `--kv-transfer-config` value, parsed)."""
+    return dict(json.loads(kv_transfer_config(*shipped_connector(s))))
 
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")  # the first that matches is the checkpoint
@@ -228,8 +244,7 @@ def serve_text(s: Shipped) -> str:
     ports = [SERVE_PORT + 1 + i for i in range(s.servers)]
     extra: list[str] = []
     if s.prefill:
-        connector = default_connector(s.engine)
-        folder = KV_FOLDER if CONNECTORS[connector].shared_folder else None
+        connector, folder = shipped_connector(s)
         extra = kv_transfer_args(connector, folder)
         lines = [f"# {s.prefill} prefill + {s.servers - s.prefill} decode servers behind a "
                  f"router, as measured (trial {s.trial}); {connector}"

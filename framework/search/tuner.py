@@ -35,6 +35,7 @@ from framework.config.search_space import CategoricalParam
 from framework.config.search_space import FloatParam
 from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
+from framework.config.search_space import grid_points
 from framework.config.search_space import grid_values
 from framework.search.storages import exists
 from framework.search.storages import open_storage
@@ -109,12 +110,23 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
     """GridSampler without its `study.stop()` once the grid is exhausted, which raises
     outside `study.optimize`; the runner stops at the grid's size instead.
 
+    A conditional space's grid is its `points` (search_space.grid_points: a parameter only
+    where its `when` holds), not the product of every value, which would repeat each point
+    once per value of a parameter it leaves out: GridSampler's own points are replaced by them
+    (None for a parameter a point leaves out, never asked for: the tuner suggests active
+    parameters only), shuffled by the seed as GridSampler shuffles its own.
+
     With run settings (`run_params`), the grid is walked in order, its points grouped by
     server flags (groups in the seed's shuffled order): consecutive trials then differ only
     in run settings and can share a server (server.reuse)."""
 
-    def __init__(self, grid: dict[str, list], seed: int, run_params: Sequence[str] = ()) -> None:
+    def __init__(self, grid: dict[str, list], seed: int, run_params: Sequence[str] = (),
+                 points: Sequence[Mapping[str, Scalar]] | None = None) -> None:
         super().__init__(grid, seed=seed)
+        if points is not None:
+            self._all_grids = [tuple(p.get(n) for n in self._param_names) for p in points]
+            self._n_min_trials = len(self._all_grids)
+            self._rng.rng.shuffle(self._all_grids)
         self._ordered = bool(run_params)
         if self._ordered:
             server = [i for i, n in enumerate(self._param_names) if n not in run_params]
@@ -144,7 +156,8 @@ def _sampler(name: str, space: SearchSpace, seed: int, startup_trials: int,
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return _AskTellGridSampler(grid_values(space), seed, space.run_params)
+        return _AskTellGridSampler(grid_values(space), seed, space.run_params,
+                                   grid_points(space) if space.conditional else None)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
     raise ValueError(f"unknown sampler {name!r}")

@@ -204,7 +204,7 @@ def _k8s_text(sw: Sweep, found: Shipped, version: object, args: argparse.Namespa
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from framework.fleet.manifests import ray_serve_app
+    from framework.fleet.ray_serve import ray_serve_app
     from framework.results import deploy
 
     if args.format not in FORMATS:
@@ -219,11 +219,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(found.headline, file=sys.stderr)
         return EXIT_NOTHING
     version = trials.loc[trials["trial_number"] == found.trial, "vllm_version"].iloc[0]
-    if found.prefill and args.format in ("ray-serve", "k8s"):
+    if found.prefill and args.format == "k8s":
         raise ConfigError("command line", "--format", args.format,
                           f"trial {found.trial} ships prefill/decode, which this format does not "
-                          "write yet (Ray Serve LLM's build_pd_openai_app, a manifest per role); "
-                          "use --format serve or json")
+                          "write yet (a manifest per role, and a proxy in front); use --format "
+                          "serve, ray-serve or json")
     if args.format == "serve":
         text = deploy.serve_text(found)
     elif args.format == "json":

@@ -22,7 +22,7 @@ from framework.cluster.autoscaling import read_config
 from framework.config.search_space import CategoricalParam
 from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
-from framework.config.search_space import grid_values
+from framework.config.search_space import grid_points
 from framework.config.search_space import load_search_space
 from framework.config.specs import SweepSpec
 from framework.config.specs import load_sweep
@@ -153,7 +153,7 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         check_capacity_load(path, spec, space)
     if spec.search.sampler == "grid":
         try:
-            grid_values(space)
+            grid_points(space)
         except ValueError as exc:
             raise ConfigError(str(path), "search.sampler", "grid", str(exc)) from None
     facts = None

@@ -24,19 +24,16 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import re
 from collections import Counter
 from collections.abc import Callable
-from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
-from typing import Any
 
 from framework.engine.feasibility import Feasibility
 
@@ -47,6 +44,7 @@ from framework.config.search_space import SIBLING_VALUES
 from framework.config.search_space import FloatParam
 from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
+from framework.config.search_space import configurations
 from framework.config.search_space import discrete_values
 
 ENUMERATE_LIMIT = 20_000
@@ -67,22 +65,6 @@ DEFAULTS_S = {"cpu": {"startup": 30.0, "warmup": 3.0, "bench": 10.0, "overhead":
 # small next to weights and graphs, so its default stays).
 WARM_STARTUP_S = {"cpu": 8.0}
 ZYGOTE_S = {"cpu": 11.0, "gpu": 11.0}
-
-
-def configurations(space: SearchSpace) -> Iterator[dict[str, Scalar]]:
-    """Every configuration of a discrete space, conditional parameters only where active."""
-    names = list(space.parameters)
-    seen: set[tuple] = set()
-    values: list[list[Any]] = [discrete_values(space.parameters[n]) or [None] for n in names]
-    for combo in itertools.product(*values):
-        config: dict[str, Scalar] = {}
-        for name, value in zip(names, combo):
-            if space.active(name, config):
-                config[name] = value
-        key = tuple(sorted(config.items()))
-        if key not in seen:
-            seen.add(key)
-            yield config
 
 
 def space_size(space: SearchSpace) -> int | None:

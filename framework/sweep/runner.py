@@ -44,7 +44,7 @@ from framework.config.workloads_spec import class_names
 from framework.engine.feasibility import Feasibility
 from framework.engine.flag_cache import vllm_version
 from framework.engine.kv_transfer import default_connector
-from framework.fleet.columns import deployment_sizing
+from framework.fleet.columns import Sizing
 from framework.results.console import Progress
 from framework.results.console import print_summary
 from framework.results.decision import device_of
@@ -270,7 +270,8 @@ class Runner:
             if plan.servers > 1:
                 launcher = replicas = ReplicaLauncher(
                     self.launcher, plan.replicas, prefill=plan.prefill,
-                    connector=default_connector(self.spec.engine) if plan.prefill else None)
+                    connector=default_connector(self.spec.engine) if plan.prefill else None,
+                    kv_parent=self.spec.cluster.shared_folder)
                 extra = replicas.server_args
             outcome = run_trial(launcher, lambda host, port: [*plan.argv(model, host, port),
                                                               *extra()],
@@ -348,9 +349,8 @@ class Runner:
         sla, judged = self._quality.recorded(p, outcome)  # min_token_agreement's limit, value
         j = judge(outcome, sla, self.spec.objective, sla_on=self.spec.search.sla_on,
                   judged=judged, devices=plan.devices, precision=plan.load.precision,
-                  sizing=deployment_sizing(self.sweep.target,
-                                           self.sweep.price(shape.tp, shape.pp, shape.dp),
-                                           shape.tp, shape.pp, shape.dp, plan.servers))
+                  sizing=Sizing(self.sweep.target, self.sweep.price(shape.tp, shape.pp, shape.dp),
+                                shape.tp, shape.pp, shape.dp, plan.servers))
         outcome, verdict, intervals = j.outcome, j.verdict, j.intervals
         ctx = TrialContext(number=p.number, params=p.params, is_baseline=p.is_baseline,
                            serve_command=plan.key, vllm_version=self.vllm_version,

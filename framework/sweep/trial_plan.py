@@ -20,6 +20,8 @@ from framework.cluster.placement import node_unit
 from framework.cluster.placement import shape_of
 from framework.cluster.placement import shape_problem
 from framework.cluster.placement import why_unplaceable
+from framework.config.search_space import SearchSpace
+from framework.config.search_space import discrete_values
 from framework.engine.feasibility import Feasibility
 from framework.engine.kv_transfer import CONNECTORS
 from framework.engine.kv_transfer import default_connector
@@ -135,25 +137,33 @@ def _text(value: Scalar | None) -> str | None:
     return None if value is None else str(value)
 
 
-def prefill_decode_problem(engine: str, prefill: int, nodes: int) -> str | None:
+def may_prefill(space: SearchSpace) -> bool:
+    """Whether some trial of `space` runs prefill servers (prefill-servers above 0)."""
+    param = space.parameters.get("prefill-servers")
+    return param is not None and any(v for v in discrete_values(param) or ())
+
+
+def prefill_decode_problem(engine: str, prefill: int, nodes: int,
+                           shared_folder: str | None = None) -> str | None:
     """Why a prefill/decode trial cannot hand its KV over (None if it can). The CPU engine's
-    connector (engine.kv_transfer) keeps it in a folder the driver makes, which only the
-    driver's node sees: on a cluster of several nodes the servers may land on others, as on
-    hosts without a shared file system. On GPUs, NixlConnector needs the proxy to hand each
-    prefill answer's kv_transfer_params to the decode request, which the router does not do
-    yet. Pure."""
+    connector (engine.kv_transfer) keeps it in files both servers must see: a private folder
+    on the driver's node, which on a cluster of several nodes only that node sees, unless
+    cluster.shared_folder names one every node shares (checked at the sweep's start,
+    cluster/shared_folder.py). On GPUs, NixlConnector needs the proxy to hand each prefill
+    answer's kv_transfer_params to the decode request, which the router does not do yet.
+    Pure."""
     connector = default_connector(engine)
     if not prefill:
         return None
     if not CONNECTORS[connector].shared_folder:
         return (f"prefill/decode with {connector}: the router does not yet pass the prefill "
                 "server's kv_transfer_params to the decode server, which this connector needs")
-    if nodes <= 1:
+    if nodes <= 1 or shared_folder:
         return None
-    return (f"prefill/decode with {connector} keeps the KV in a folder both servers must see; "
-            f"vllm-sweep makes it on the driver's node, which the other nodes of this {nodes}-node "
-            "cluster do not see (a file system every node mounts is not set up yet): run it on "
-            "one node")
+    return (f"prefill/decode with {connector} keeps the KV in files both servers must see, and "
+            f"on this {nodes}-node cluster they may run on different nodes: set "
+            "cluster.shared_folder to a folder every node mounts (a shared file system), or "
+            "run it on one node")
 
 
 def rejection(sweep: Sweep, plan: TrialPlan, nodes: Sequence[Mapping[str, float]]
@@ -168,7 +178,8 @@ def rejection(sweep: Sweep, plan: TrialPlan, nodes: Sequence[Mapping[str, float]
                             fail_detail=why_unplaceable(plan.all_wanted, nodes, plan.unit)), None
     problem = (shape_problem(sweep.spec.engine,
                              _text(plan.flags.get("distributed-executor-backend")), plan.shape)
-               or prefill_decode_problem(sweep.spec.engine, plan.prefill, len(nodes)))
+               or prefill_decode_problem(sweep.spec.engine, plan.prefill, len(nodes),
+                                         sweep.spec.cluster.shared_folder))
     if problem:
         return TrialOutcome(started_at=now, argv=(), fail_reason="infeasible",
                             fail_detail=problem), Feasibility(ok=False, reasons=(problem,),

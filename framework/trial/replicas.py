@@ -98,7 +98,7 @@ class ReplicaSet:
     def stop(self) -> list[int]:
         """The router first (no request reaches a stopping server), then every server; the
         pids that survived, all servers'."""
-        left = _stop_router(self._router)
+        left = stop_router(self._router)
         for server in self._servers:
             left += server.stop()
         if self._kv_folder is not None:  # the KV the prefill servers saved
@@ -119,20 +119,23 @@ class ReplicaSet:
 class ReplicaLauncher:
     """Launches `replicas` servers through `inner` and a router in front of them (module
     docstring); with `prefill` > 0, that many prefill servers first (logs `.prefill<i>`), every
-    server given KV connector `connector` (engine.kv_transfer; a shared folder made for the
-    trial where the connector needs one, removed with it), and the router in P/D mode.
+    server given KV connector `connector` (engine.kv_transfer; where the connector needs a
+    folder both servers see, a private one made for the trial in `kv_parent`, a folder every
+    node shares (cluster.shared_folder), else in the driver's temp dir, and removed with it),
+    and the router in P/D mode. The decode servers are asked to avoid the prefill servers'
+    nodes (the launcher's `avoid`, honoured where the cluster has room elsewhere).
     `router_host`: where the router listens (the load generator's side)."""
 
     def __init__(self, inner: ServerLauncher, replicas: int, router_host: str = "127.0.0.1",
                  policy: str = DEFAULT_POLICY, prefill: int = 0,
-                 connector: str | None = None) -> None:
+                 connector: str | None = None, kv_parent: str | None = None) -> None:
         if replicas < 1 or prefill < 0:
             raise ValueError(f"replicas must be >= 1 and prefill >= 0, not {replicas}, {prefill}")
         if prefill and connector is None:
             raise ValueError("prefill/decode needs a KV connector")
         self.inner, self.replicas, self.router_host, self.policy = (inner, replicas, router_host,
                                                                     policy)
-        self.prefill, self.connector = prefill, connector
+        self.prefill, self.connector, self.kv_parent = prefill, connector, kv_parent
         self._server_args: list[str] = []
 
     def server_args(self) -> list[str]:
@@ -143,15 +146,17 @@ class ReplicaLauncher:
 
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[dict[str, float]],
-               on_placed: Callable[[], None] = lambda: None, unit: int = 1) -> ReplicaSet:
+               on_placed: Callable[[], None] = lambda: None, unit: int = 1,
+               avoid: frozenset[str] = frozenset()) -> ReplicaSet:
         """`on_placed` is called once, when the first server's devices are reserved
-        (start-ahead's share gate waits there, before any server starts)."""
+        (start-ahead's share gate waits there, before any server starts). `avoid` goes to
+        every server's launch (the decode servers' adds the prefill servers' nodes)."""
         servers: list[ServerHandle] = []
         folder = None
         if self.prefill:
             assert self.connector is not None
             if CONNECTORS[self.connector].shared_folder:
-                folder = Path(tempfile.mkdtemp(prefix="vsweep-kv-"))  # private (0700)
+                folder = Path(tempfile.mkdtemp(prefix="vsweep-kv-", dir=self.kv_parent))  # 0700
             self._server_args = kv_transfer_args(self.connector,
                                                  None if folder is None else str(folder))
         logs = ([log_path.with_name(f"{log_path.stem}.prefill{i}{log_path.suffix}")
@@ -160,8 +165,11 @@ class ReplicaLauncher:
         router_log = log_path.with_name(log_path.stem + ".router.log")
         try:
             for i, log in enumerate(logs):
+                away = (frozenset(ip for s in servers[:self.prefill] for ip in s.placement)
+                        if i >= self.prefill else frozenset())
                 servers.append(self.inner.launch(argv_for_port, log, wanted,
-                                                 on_placed if i == 0 else lambda: None, unit))
+                                                 on_placed if i == 0 else lambda: None, unit,
+                                                 avoid=avoid | away))
             prefill, decode = servers[:self.prefill], servers[self.prefill:]
             router, url = start_router(self.router_host, [s.base_url for s in decode],
                                        self.policy, router_log,
@@ -183,6 +191,10 @@ def start_router(host: str, backends: Sequence[str], policy: str, log_path: Path
     folder = Path(tempfile.mkdtemp(prefix="vsweep-router-"))  # private (0700), ours alone
     ready = folder / "ready"
     try:
+        # the router runs on the driver, whose copy of the logs folder may not exist yet: the
+        # servers' logs are written on their nodes and fetched when they stop (found on
+        # isolated nodes, which share no folder with the driver)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(router_argv(host, 0, backends, policy, str(ready),
                                                 prefill=prefill),
@@ -191,7 +203,7 @@ def start_router(host: str, backends: Sequence[str], policy: str, log_path: Path
         deadline = time.monotonic() + ROUTER_READY_S
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                _stop_router(proc)
+                stop_router(proc)
                 raise TrialError("startup_crash", "the replicas' router did not start: "
                                  f"{_last_line(log_path)}")
             time.sleep(0.05)
@@ -200,7 +212,7 @@ def start_router(host: str, backends: Sequence[str], policy: str, log_path: Path
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _stop_router(proc: subprocess.Popen[bytes]) -> list[int]:
+def stop_router(proc: subprocess.Popen[bytes]) -> list[int]:
     """SIGTERM, then SIGKILL after ROUTER_STOP_S; [] once it is gone, else its pid."""
     if proc.poll() is None:
         proc.terminate()

@@ -97,10 +97,13 @@ class ServerHandle(Protocol):
 class ServerLauncher(Protocol):
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[dict[str, float]],
-               on_placed: Callable[[], None] = lambda: None, unit: int = 1) -> ServerHandle:
+               on_placed: Callable[[], None] = lambda: None, unit: int = 1,
+               avoid: frozenset[str] = frozenset()) -> ServerHandle:
         """`unit`: consecutive bundles of `wanted` that must share a node. `on_placed` is
         called once the devices are reserved (or their wait ended), before the server starts:
-        start-ahead's share gate waits in it."""
+        start-ahead's share gate waits in it. `avoid`: node IPs the server should not run on
+        (a decode server, its prefill servers' nodes), a preference kept only where the other
+        nodes could hold the group."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ stand-in: what is under test is what the driver, Ray and the next run do, not vL
 - #33's acceptance: kill -9 of the driver while a server runs on each node, then a new run:
   nothing of the killed run is left on either node, no process and no file;
 - a node that dies during a trial (its whole process table at once, as a machine failure):
-  that trial ends FAIL(node_lost) naming the node, and the sweep goes on on the node left.
+  that trial ends FAIL(node_lost) naming the node, and the sweep goes on on the node left;
+- prefill/decode across the two nodes: a KV folder that is not shared is refused before
+  anything starts; a shared one carries the KV from P's node to D's.
 
 One cluster for the module (a head that holds no GPU, the GCS, which cannot die; two isolated
 nodes of one fake GPU each); the node-loss test runs last, since it takes a node away. The
@@ -27,6 +29,7 @@ import psutil
 import pytest
 import yaml
 
+from framework.base.exit_codes import EXIT_CLUSTER
 from framework.trial import measure
 from tests.cli import cli_joined
 from tests.cli import end_driver
@@ -39,6 +42,7 @@ from tests.isolated_nodes import isolated_cluster
 from tests.isolated_nodes import stop_node
 from tests.leftovers import vsweep_leftovers
 from tests.sweeps import NO_REMEASURE
+from tests.sweeps import read_requests
 from tests.sweeps import read_trials
 
 pytestmark = pytest.mark.server
@@ -172,6 +176,55 @@ def test_kill_9_of_the_driver_on_two_nodes_then_a_new_run_leaves_nothing_of_it(
     for node in cluster.nodes:
         assert wait_ended(before[node.ip]) == [], node.ip
         assert vsweep_leftovers(node.folder) == [], node.ip
+
+
+@pytest.mark.timeout(600)
+def test_prefill_and_decode_on_two_nodes_need_a_folder_both_nodes_see(tiny_model, cluster,
+                                                                       hold_folder):
+    """Guards #36's prefill/decode across nodes (FakeEngine fakes ExampleConnector's contract:
+    P saves each prompt's KV as files, D loads them): cluster.shared_folder set to a path only
+    the driver's node has (each node its own, as /tmp/kv on real hosts) is refused before any
+    server starts, naming a node that does not see it; set to a folder every node sees (the
+    hold folder, outside the cluster's: a shared file system here), the 1P1D trial runs with P
+    and D on different nodes (one fake GPU each, and D asked to avoid P's node, which checks
+    Ray takes the `!in(...)` node selector) and D loads every request's KV from P's node; the
+    trial's private KV folder in it is removed with the trial."""
+    tmp = driver_folder(cluster, "pd")
+    local = tmp / "kv"  # the driver sees it; on each isolated node, an empty folder of its own
+    local.mkdir()
+    sweep = write_sweep(tmp, tiny_model, cluster.address, "pd", concurrent=1, env={},
+                        cluster={"shared_folder": str(local)})
+    doc = yaml.safe_load(sweep.read_text())
+    # FakeEngine counts a prompt's words as its tokens (its usage.prompt_tokens) and moves
+    # whole blocks of 16 of them but the last (fake_engine.kv_exchange): 200 tokens of the
+    # tiny model's tokenizer make enough words for several blocks
+    doc["workload"]["input_len"] = 200
+    doc["search"]["n_trials"] = 1
+    sweep.write_text(yaml.safe_dump(doc))
+    (tmp / "space.yaml").write_text(yaml.safe_dump({"parameters": {
+        "prefill-servers": {"type": "categorical", "choices": [1], "kind": "shape"}}}))
+
+    refused = cli_joined(["run", str(sweep)], tmp, cluster.marker, cluster.nodes[0].folder.parent)
+    assert refused.returncode == EXIT_CLUSTER, refused.stdout[-3000:] + refused.stderr[-3000:]
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "cluster.shared_folder" in line and str(local) in line and "does not see" in line
+    assert any(ip in line for ip in NODES), line
+    assert not list((tmp / "results").rglob("*.parquet"))  # no trial ran
+    assert list(local.iterdir()) == []  # the check's own file went with it
+
+    doc["cluster"]["shared_folder"] = str(hold_folder)
+    sweep.write_text(yaml.safe_dump(doc))
+    done = cli_joined(["run", str(sweep)], tmp, cluster.marker, cluster.nodes[0].folder.parent)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = read_trials(tmp / "results", "pd").itertuples()
+    assert row.state == "COMPLETE", (row.fail_reason, row.fail_detail)
+    assert row.shape == "1P1DxTP1xPP1"
+    assert sorted(row.placement) == sorted(NODES)  # P on one node, D on the other
+    requests = read_requests(tmp / "results", "pd")
+    assert len(requests) == 8
+    moved = sum((n - 2) // 16 * 16 for n in requests["prompt_tokens"])
+    assert moved > 0 and row.kv_transfer_tokens == moved  # every request's KV, from P's node
+    assert list(hold_folder.iterdir()) == []
 
 
 @pytest.mark.timeout(600)

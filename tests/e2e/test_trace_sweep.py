@@ -13,8 +13,7 @@ import yaml
 from framework.config.trace_spec import TimedTraceSpec
 from framework.load.trace import read_trace
 from framework.load.trace import send_offsets
-from tests.cli import run_joined
-from tests.clusters import join_shared
+from tests.cli import run_shared_sweep
 from tests.paths import ROOT
 from tests.sweeps import read_trials
 
@@ -44,10 +43,7 @@ def test_trace_replay_sweep_runs_and_reads_back(shared_ray, tiny_model, short_tm
     # a load average of 24: 70 ms, both trials infeasible, exit 4): what is tested here is the
     # replay and its rows, so no trial may fail the SLA for the machine's speed
     sweep["sla"] = {"p99_ttft_ms": 600_000, "p99_tpot_ms": 600_000}
-    path = short_tmp / "trace_replay.yaml"
-    path.write_text(yaml.safe_dump(join_shared(sweep, shared_ray)))
-    done = run_joined(shared_ray, ["run", str(path)], short_tmp)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_shared_sweep(shared_ray, sweep, short_tmp)
 
     trials = read_trials(short_tmp / "results", "trace_replay")
     assert list(trials["state"]) == ["COMPLETE", "COMPLETE"], trials[["fail_reason",

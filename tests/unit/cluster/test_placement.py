@@ -186,3 +186,25 @@ def test_layouts_on_two_nodes_of_8(shape, free, plan):
     wanted, unit = bundles(shape, "gpu", 1), node_unit(shape)
     assert fits(wanted, list(TWO_BY_EIGHT.values()), unit)
     assert layout(wanted, unit, free, TWO_BY_EIGHT) == plan
+
+
+AWAY_FROM_A = {NODE_ID_LABEL: "!in(a)"}
+
+
+@pytest.mark.parametrize("shape, free, total, plan", [
+    # a decode server avoiding its prefill server's node a: every bundle kept off a
+    (Shape(1, 1), TWO_BY_EIGHT, TWO_BY_EIGHT, Layout("STRICT_PACK", (AWAY_FROM_A,))),
+    (Shape(1, 2), TWO_BY_EIGHT, TWO_BY_EIGHT, Layout("PACK", (AWAY_FROM_A,) * 2)),
+    # pinned stages: chosen among the other nodes
+    (Shape(2, 2), TWO_BY_EIGHT, TWO_BY_EIGHT, Layout("PACK", (B,) * 4)),
+    # b is busy now but could hold it: still away from a (the group waits for b)
+    (Shape(1, 1), {"a": {"GPU": 8.0, "CPU": 8.0}, "b": {"GPU": 0.0, "CPU": 8.0}}, TWO_BY_EIGHT,
+     Layout("STRICT_PACK", (AWAY_FROM_A,))),
+    # b could never hold it: the preference is dropped (laid out as without it)
+    (Shape(1, 1), TWO_BY_EIGHT, {"a": {"GPU": 8.0, "CPU": 8.0}, "b": {"CPU": 8.0}},
+     Layout("STRICT_PACK")),
+])
+def test_a_group_avoids_the_nodes_it_is_asked_to_where_the_others_could_hold_it(
+        shape, free, total, plan):
+    wanted, unit = bundles(shape, "gpu", 1), node_unit(shape)
+    assert layout(wanted, unit, free, total, avoid=["a"]) == plan

@@ -11,6 +11,7 @@ from framework.config.search_space import CategoricalParam
 from framework.config.search_space import FloatParam
 from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
+from framework.config.search_space import grid_points
 from framework.config.search_space import grid_size
 from framework.config.search_space import grid_values
 from framework.config.search_space import load_search_space
@@ -101,10 +102,15 @@ MALFORMED = [
      "params", ()),
     ("no-parameters", "parameters: {}\n", "(top level)", ("no parameters",)),
     ("parameters-missing", "description: nothing\n", "parameters", ("Field required",)),
+    # a rule over the parameters names the parameter and shows its entry, not the whole file
     ("flag-leading-dashes", param("{type: int, low: 2, high: 128}", "--max-num-seqs"),
-     "(top level)", ("'--max-num-seqs'", "without dashes")),
-    ("flag-with-space", param("{type: bool}", "'enable prefix caching'"), "(top level)",
-     ("'enable prefix caching'",)),
+     "parameters.--max-num-seqs", ("'--max-num-seqs'", "without dashes", "'high': 128}")),
+    ("flag-with-space", param("{type: bool}", "'enable prefix caching'"),
+     "parameters.enable prefix caching", ("'enable prefix caching'",)),
+    ("when-names-a-later-parameter",
+     "parameters:\n  a: {type: bool, when: {b: true}}\n  b: {type: bool}\n"
+     "description: a long description that must not be repeated in the error\n",
+     "parameters.a", ("not a parameter listed before it", "{'when': {'b': True}")),
     ("yaml-syntax-error", "parameters:\n  x: {type: bool\n", None, ("YAML syntax error",)),
     ("top-level-list", "- max-num-seqs\n", "(top level)", ("expected a mapping",)),
 ]
@@ -157,15 +163,33 @@ def test_grid_values_and_size():
 
 @pytest.mark.parametrize("parameters, message", [
     ({"f": {"type": "float", "low": 0.8, "high": 0.95}}, "float range"),
-    ({"b": {"type": "bool"}, "a": {"type": "int", "low": 1, "high": 4, "when": {"b": True}}},
-     "conditional"),
     ({"a": {"type": "int", "low": 1, "high": 100}, "b": {"type": "int", "low": 1, "high": 100}},
      "10000 configurations"),
+    ({"b": {"type": "bool"}, "a": {"type": "int", "low": 1, "high": 100, "when": {"b": True}},
+      "c": {"type": "int", "low": 1, "high": 100}}, "up to 20000 configurations"),
 ])
 def test_grid_refuses_what_it_cannot_enumerate(parameters, message):
     space = SearchSpace.model_validate({"parameters": parameters})
     with pytest.raises(ValueError, match=message):
-        grid_values(space)
+        grid_points(space)
+
+
+def test_a_conditional_grid_branches_only_where_its_condition_holds():
+    """The four deployment shapes of issue #36 as one grid: prefill/decode, else replicas, and
+    data parallel only on a single server: 4 points, not the product's 8."""
+    space = SearchSpace.model_validate({"parameters": {
+        "prefill-servers": {"type": "categorical", "choices": [0, 1], "kind": "shape"},
+        "replicas": {"type": "categorical", "choices": [1, 2], "kind": "shape",
+                     "when": {"prefill-servers": 0}},
+        "data-parallel-size": {"type": "categorical", "choices": [1, 2],
+                               "when": {"prefill-servers": 0, "replicas": 1}}}})
+    assert grid_points(space) == [
+        {"prefill-servers": 0, "replicas": 1, "data-parallel-size": 1},
+        {"prefill-servers": 0, "replicas": 1, "data-parallel-size": 2},
+        {"prefill-servers": 0, "replicas": 2},
+        {"prefill-servers": 1}]
+    assert grid_size(space) == 4
+    assert grid_values(space)["replicas"] == [1, 2]
 
 
 @pytest.mark.parametrize("parameters, message", [
@@ -177,7 +201,7 @@ def test_grid_refuses_what_it_cannot_enumerate(parameters, message):
     ({"replicas": {"type": "categorical", "choices": [1, "two"], "kind": "shape"}},
      "whole number >= 1"),
     ({"replicas": {"type": "int", "low": 1, "high": 2, "kind": "shape", "lossy": True}},
-     "neither lossy nor when"),
+     "never lossy"),
 ])
 def test_bad_shape_parameters_are_rejected(parameters, message):
     with pytest.raises(ValidationError) as err:

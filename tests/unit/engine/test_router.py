@@ -10,10 +10,8 @@ import copy
 import http.server
 import json
 import os
-import signal
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -37,6 +35,8 @@ from framework.engine.router import prefill_body
 from framework.engine.router import router_argv
 from framework.engine.server_metrics import parse_metrics
 from framework.load.loadgen import wait_ready
+from framework.trial.replicas import start_router
+from framework.trial.replicas import stop_router
 from tests.engines import start_engine
 from tests.engines import stop_engine
 
@@ -102,6 +102,10 @@ def test_merge_metrics_relabels_each_replica_and_keeps_one_header_per_family():
 
 @pytest.mark.parametrize(("pages", "comments", "engines"), [
     ([page({"success": 2, "latency": 0.5, "cpu": 1.0}, engines=("0", "1"))], [], {"0.0", "0.1"}),
+    # 2 replicas of data parallel 2: four engines, none collapsed
+    ([page({"success": 2, "latency": 0.5, "cpu": 1.0}, engines=("0", "1")),
+      page({"success": 3, "latency": 0.5, "cpu": 1.0}, engines=("0", "1"))], [],
+     {"0.0", "0.1", "1.0", "1.1"}),
     ([None, page({"success": 2, "latency": 0.5, "cpu": 1.0})], ["# backend 0 unreachable"], {"1.0"}),
     (["}{ not a page", None], ["# backend 0 unparsable", "# backend 1 unreachable"], set()),
     # FakeEngine's page: no HELP/TYPE at all
@@ -180,35 +184,6 @@ def test_router_argv():
                         "--prefill", "http://p:2", "--ready-file", "/r"]
 
 
-def start_router(backends: list[str], tmp_path: Path, policy: str = "round_robin",
-                 prefill: tuple[str, ...] = ()):
-    """The router on a free port (--port 0): (process, its URL) once its ready file appears."""
-    ready, log = tmp_path / "router.ready", tmp_path / "router.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(router_argv("127.0.0.1", 0, backends, policy, str(ready),
-                                            prefill=prefill),
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + GUARD_S
-    while not ready.exists():
-        assert proc.poll() is None, f"router exited: {log.read_text()}"
-        assert time.monotonic() < deadline, f"router not ready: {log.read_text()}"
-        time.sleep(0.05)
-    url = ready.read_text().strip()
-    assert log.read_text().splitlines()[0] == READY_PREFIX + url
-    return proc, url
-
-
-def stop_router(proc: subprocess.Popen) -> int:
-    """SIGTERM by pid; its exit status (SIGKILL as a last resort)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-    try:
-        return proc.wait(timeout=GUARD_S)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        return proc.wait()
-
-
 def get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=GUARD_S) as r:
@@ -254,105 +229,128 @@ def start_fake_engines(n: int, tmp_path: Path, engines: list[subprocess.Popen]) 
     return urls
 
 
+@pytest.fixture
+def engines(tmp_path):
+    """`engines(n)`: the URLs of n more FakeEngines (start_fake_engines); their processes in
+    `engines.processes`; every one stopped after the test."""
+    processes: list[subprocess.Popen] = []
+
+    def start(n: int) -> list[str]:
+        return start_fake_engines(n, tmp_path, processes)
+
+    start.processes = processes  # type: ignore[attr-defined]
+    yield start
+    for proc in processes:
+        stop_engine(proc)
+
+
+@pytest.fixture
+def router(tmp_path):
+    """`router(backends, prefill=())`: the product's router (trial.replicas.start_router) in
+    front of them, as (process, URL) once ready, its log's first line its ready line; stopped
+    after the test."""
+    started: list[subprocess.Popen] = []
+    log = tmp_path / "router.log"
+
+    def start(backends: list[str], prefill: tuple[str, ...] = ()):
+        proc, url = start_router("127.0.0.1", backends, "round_robin", log, prefill=prefill)
+        started.append(proc)
+        assert log.read_text().splitlines()[0] == READY_PREFIX + url
+        return proc, url
+
+    yield start
+    for proc in started:
+        stop_router(proc)
+
+
+def stopped_cleanly(proc: subprocess.Popen) -> bool:
+    """The product's stop (SIGTERM by pid): nothing left, and the router exited 0."""
+    return stop_router(proc) == [] and proc.returncode == 0
+
+
 @pytest.mark.timeout(120)
-def test_router_in_front_of_two_fake_engines(tmp_path):
-    engines: list[subprocess.Popen] = []
-    router = None
-    try:
-        backends = start_fake_engines(2, tmp_path, engines)
-        router, url = start_router(backends, tmp_path)
+def test_router_in_front_of_two_fake_engines(engines, router):
+    backends = engines(2)
+    proc, url = router(backends)
 
-        answers = [complete(url) for _ in range(8)]
-        assert [a[1] for a in answers] == ["0", "1"] * 4
-        for status, _, content_type, lines in answers:
-            assert status == 200 and content_type.startswith("text/event-stream")
-            assert lines[-1] == "data: [DONE]"
-            assert json.loads(lines[-2][len("data:"):])["usage"]["completion_tokens"] == 4
-        with pytest.raises(urllib.error.HTTPError) as err:
-            complete(url, key="wrong")  # the backend's own status comes back (not counted)
-        assert err.value.code == 401 and err.value.headers[REPLICA_HEADER] == "0"
+    answers = [complete(url) for _ in range(8)]
+    assert [a[1] for a in answers] == ["0", "1"] * 4
+    for status, _, content_type, lines in answers:
+        assert status == 200 and content_type.startswith("text/event-stream")
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][len("data:"):])["usage"]["completion_tokens"] == 4
+    with pytest.raises(urllib.error.HTTPError) as err:
+        complete(url, key="wrong")  # the backend's own status comes back (not counted)
+    assert err.value.code == 401 and err.value.headers[REPLICA_HEADER] == "0"
 
-        status, text = get(f"{url}/metrics")
-        assert status == 200
-        values = parse_metrics(text)
-        per_replica = {k: v for k, v in values.items() if "@engine=" in k}
-        assert per_replica == {"vllm:request_success_total@engine=0.0": 4.0,
-                               "vllm:request_success_total@engine=1.0": 4.0}
-        assert sum(per_replica.values()) == 8
+    status, text = get(f"{url}/metrics")
+    assert status == 200
+    values = parse_metrics(text)
+    per_replica = {k: v for k, v in values.items() if "@engine=" in k}
+    assert per_replica == {"vllm:request_success_total@engine=0.0": 4.0,
+                           "vllm:request_success_total@engine=1.0": 4.0}
+    assert sum(per_replica.values()) == 8
 
-        assert get(f"{url}/health") == (200, "")
-        stop_engine(engines[1])
-        status, text = get(f"{url}/health")
-        assert status == 503 and "backend 1" in text and backends[1] in text and "backend 0" not in text
-        status, text = get(f"{url}/metrics")
-        assert status == 200 and "# backend 1 unreachable" in text
-        assert stop_router(router) == 0
-    finally:
-        if router is not None:
-            stop_router(router)
-        for proc in engines:
-            stop_engine(proc)
+    assert get(f"{url}/health") == (200, "")
+    stop_engine(engines.processes[1])
+    status, text = get(f"{url}/health")
+    assert status == 503 and "backend 1" in text and backends[1] in text and "backend 0" not in text
+    status, text = get(f"{url}/metrics")
+    assert status == 200 and "# backend 1 unreachable" in text
+    assert stopped_cleanly(proc)
 
 
 @pytest.mark.timeout(120)
-def test_router_in_prefill_decode_mode_in_front_of_three_fake_engines(tmp_path):
-    engines: list[subprocess.Popen] = []
-    router = None
-    try:
-        prefill, *decode = start_fake_engines(3, tmp_path, engines)
-        router, url = start_router(decode, tmp_path, prefill=(prefill,))
+def test_router_in_prefill_decode_mode_in_front_of_three_fake_engines(engines, router):
+    prefill, *decode = engines(3)
+    proc, url = router(decode, prefill=(prefill,))
 
-        answers = [complete_with_headers(url) for _ in range(4)]
-        assert [a[1][REPLICA_HEADER] for a in answers] == ["0", "1", "0", "1"]
-        assert [a[1][PREFILL_HEADER] for a in answers] == ["0"] * 4
-        for status, headers, lines in answers:
-            assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
-            assert lines[-1] == "data: [DONE]"
-            assert json.loads(lines[-2][len("data:"):])["usage"]["completion_tokens"] == 4
+    answers = [complete_with_headers(url) for _ in range(4)]
+    assert [a[1][REPLICA_HEADER] for a in answers] == ["0", "1", "0", "1"]
+    assert [a[1][PREFILL_HEADER] for a in answers] == ["0"] * 4
+    for status, headers, lines in answers:
+        assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][len("data:"):])["usage"]["completion_tokens"] == 4
 
-        def direct(server: str) -> dict[str, float]:
-            """The server's own /metrics: parse_metrics's values, plus generated tokens."""
-            status, text = get(f"{server}/metrics")
-            assert status == 200
-            tokens = [s[2] for s in samples(text) if s[0] == "vllm:generation_tokens_total"]
-            return {**parse_metrics(text), "tokens": sum(tokens)}
-        # FakeEngine honours max_tokens: the prefill server generated one token per request
-        assert direct(prefill)["vllm:request_success_total@engine=0"] == 4
-        assert direct(prefill)["tokens"] == 4
-        assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
-        assert [direct(d)["tokens"] for d in decode] == [8, 8]
-
-        status, text = get(f"{url}/metrics")
+    def direct(server: str) -> dict[str, float]:
+        """The server's own /metrics: parse_metrics's values, plus generated tokens."""
+        status, text = get(f"{server}/metrics")
         assert status == 200
-        per_engine = {k: v for k, v in parse_metrics(text).items() if "@engine=" in k}
-        assert per_engine == {"vllm:request_success_total@engine=0.0": 2.0,
-                              "vllm:request_success_total@engine=1.0": 2.0,
-                              "vllm:request_success_total@engine=p0.0": 4.0}
-        assert 'replica="p0"' in text
+        tokens = [s[2] for s in samples(text) if s[0] == "vllm:generation_tokens_total"]
+        return {**parse_metrics(text), "tokens": sum(tokens)}
+    # FakeEngine honours max_tokens: the prefill server generated one token per request
+    assert direct(prefill)["vllm:request_success_total@engine=0"] == 4
+    assert direct(prefill)["tokens"] == 4
+    assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
+    assert [direct(d)["tokens"] for d in decode] == [8, 8]
 
-        # a prefill refusal comes back as is, and no decode server is asked
-        with pytest.raises(urllib.error.HTTPError) as err:
-            complete(url, key="wrong")
-        assert err.value.code == 401 and err.value.headers[PREFILL_HEADER] == "0"
-        assert err.value.headers[REPLICA_HEADER] is None
-        assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
+    status, text = get(f"{url}/metrics")
+    assert status == 200
+    per_engine = {k: v for k, v in parse_metrics(text).items() if "@engine=" in k}
+    assert per_engine == {"vllm:request_success_total@engine=0.0": 2.0,
+                          "vllm:request_success_total@engine=1.0": 2.0,
+                          "vllm:request_success_total@engine=p0.0": 4.0}
+    assert 'replica="p0"' in text
 
-        assert get(f"{url}/health") == (200, "")
-        stop_engine(engines[0])  # the prefill server
-        status, text = get(f"{url}/health")
-        assert status == 503 and f"prefill 0 ({prefill})" in text and "backend" not in text
-        with pytest.raises(urllib.error.HTTPError) as err:
-            complete(url)
-        assert err.value.code == 502 and err.value.headers[PREFILL_HEADER] == "0"
-        error = json.loads(err.value.read())["error"]
-        assert "prefill 0" in error and prefill in error
-        assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
-        assert stop_router(router) == 0
-    finally:
-        if router is not None:
-            stop_router(router)
-        for proc in engines:
-            stop_engine(proc)
+    # a prefill refusal comes back as is, and no decode server is asked
+    with pytest.raises(urllib.error.HTTPError) as err:
+        complete(url, key="wrong")
+    assert err.value.code == 401 and err.value.headers[PREFILL_HEADER] == "0"
+    assert err.value.headers[REPLICA_HEADER] is None
+    assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
+
+    assert get(f"{url}/health") == (200, "")
+    stop_engine(engines.processes[0])  # the prefill server
+    status, text = get(f"{url}/health")
+    assert status == 503 and f"prefill 0 ({prefill})" in text and "backend" not in text
+    with pytest.raises(urllib.error.HTTPError) as err:
+        complete(url)
+    assert err.value.code == 502 and err.value.headers[PREFILL_HEADER] == "0"
+    error = json.loads(err.value.read())["error"]
+    assert "prefill 0" in error and prefill in error
+    assert [direct(d)["vllm:request_success_total@engine=0"] for d in decode] == [2, 2]
+    assert stopped_cleanly(proc)
 
 
 class StubBackend(http.server.BaseHTTPRequestHandler):
@@ -382,13 +380,12 @@ class StubBackend(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.timeout(120)
-def test_router_streams_chunk_by_chunk_and_answers_502_for_a_dead_backend(tmp_path):
+def test_router_streams_chunk_by_chunk_and_answers_502_for_a_dead_backend(router):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubBackend)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     dead = f"http://127.0.0.1:{pick_port('127.0.0.1', [server.server_port])}"  # nothing listens
-    router = None
     try:
-        router, url = start_router([f"http://127.0.0.1:{server.server_port}", dead], tmp_path)
+        proc, url = router([f"http://127.0.0.1:{server.server_port}", dead])
         req = urllib.request.Request(f"{url}/v1/completions", data=b'{"stream": true}',
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=GUARD_S) as r:
@@ -404,9 +401,7 @@ def test_router_streams_chunk_by_chunk_and_answers_502_for_a_dead_backend(tmp_pa
         assert "backend 1" in error and dead in error
         status, text = get(f"{url}/health")
         assert status == 503 and dead in text and "backend 0" not in text
-        assert stop_router(router) == 0
+        assert stopped_cleanly(proc)
     finally:
-        if router is not None:
-            stop_router(router)
         server.shutdown()
         server.server_close()

@@ -144,12 +144,12 @@ def test_target_spec(data, ok):
 ])
 def test_a_replicas_deployment_is_sized_in_whole_groups_of_its_servers(servers, capacity, replicas,
                                                                       gpus, cost, per_mtok):
+    from framework.fleet.columns import Sizing
     from framework.fleet.columns import Target
-    from framework.fleet.columns import deployment_sizing
     from framework.fleet.columns import fleet_values
 
     one = resolve_price(PricingSpec(per_gpu_hour=2.0), engine="gpu", gpu="H100-80GB", tp=2)
-    sizing = deployment_sizing(Target(40.0), one, tp=2, servers=servers)
+    sizing = Sizing(Target(40.0), one, tp=2, servers=servers)
     values = fleet_values({"capacity_rps": capacity, "output_throughput": 1000.0}, sizing.target,
                           sizing.price, sizing.tp, sizing.pp, sizing.dp, sizing.servers)
     assert values["price_per_replica_hour"] == pytest.approx(4.0)  # one server's, always

@@ -21,10 +21,10 @@ from framework.engine.memory_model import read_model_facts
 from framework.engine.memory_model import weight_bytes_per_gpu
 from framework.fleet.manifests import Deployment
 from framework.fleet.manifests import dns_name
-from framework.fleet.manifests import engine_kwargs
 from framework.fleet.manifests import k8s_manifests
-from framework.fleet.manifests import ray_serve_app
 from framework.fleet.prices import PRICES
+from framework.fleet.ray_serve import engine_kwargs
+from framework.fleet.ray_serve import ray_serve_app
 from framework.results.deploy import node_cpus
 from framework.results.deploy import weights_bytes
 from framework.results.rows import TrialContext
@@ -168,6 +168,31 @@ def test_a_data_parallel_deployment_is_ray_serve_llms_dp_app(engine, gpu):
     import ray
 
     assert not ray.is_initialized()  # the check starts no Ray (DPServer's options would)
+
+
+@pytest.mark.parametrize("engine, gpu, connector", [("cpu", None, "ExampleConnector"),
+                                                     ("gpu", "H100-80GB", "NixlConnector")])
+def test_a_prefill_decode_deployment_is_ray_serve_llms_pd_app(engine, gpu, connector):
+    """Guards #36's Ray Serve export of 1P1D: build_pd_openai_app with a prefill and a decode
+    config, each with the KV connector, checked by Ray's PDServingArgs; a fleet sized in
+    groups of 3 servers (1 P + 2 D) x 2 groups splits 2 P / 4 D."""
+    from framework.engine.kv_transfer import kv_transfer_config
+
+    folder = "/mnt/kv" if connector == "ExampleConnector" else None
+    kv = json.loads(kv_transfer_config(connector, folder))
+    d = replace(plan(engine, gpu, replicas=6), servers=3, prefill=1, kv_transfer=kv)
+    doc = ray_serve_app(d)
+    app = doc["applications"][0]
+    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
+    prefill, decode = app["args"]["prefill_config"], app["args"]["decode_config"]
+    assert prefill["deployment_config"]["num_replicas"] == 2
+    assert decode["deployment_config"]["num_replicas"] == 4
+    for side in (prefill, decode):
+        assert side["engine_kwargs"]["kv_transfer_config"]["kv_connector"] == connector
+    assert check_ray_serve_config(doc) == 2
+    del decode["engine_kwargs"]["kv_transfer_config"]  # Ray's own rule: both sides need one
+    with pytest.raises(ConfigError, match="kv_transfer_config is required"):
+        check_ray_serve_config(doc)
 
 
 def test_a_broken_data_parallel_app_is_caught():
@@ -554,3 +579,8 @@ def test_export_serve_prints_a_command_per_server_and_the_router(tmp_path, tiny_
     router = shlex.split(lines[3])
     assert router[router.index("--prefill") + 1] == "http://127.0.0.1:8001"
     assert router[router.index("--backend") + 1] == "http://127.0.0.1:8002"
+    # the same deployment for Ray Serve LLM: its P/D app, the same connector and folder
+    doc = ray_serve_app(deploy.deployment(replace(found, servers=2, prefill=1), image=""))
+    args = doc["applications"][0]["args"]
+    assert args["decode_config"]["engine_kwargs"]["kv_transfer_config"] == config
+    assert check_ray_serve_config(doc) == 2

@@ -324,6 +324,38 @@ def test_grid_sampler_visits_every_configuration_exactly_once(tmp_path):
                                   for b in (16, 32))
 
 
+def test_a_conditional_grid_visits_each_of_its_points_once_after_the_baseline(tmp_path):
+    """The four shapes of issue #36 (prefill/decode, else replicas, DP only on one server):
+    the baseline first, then the 4 grid points (not the product's 8), each once, the study
+    reopened from its journal half-way (the runner stops at the grid's size,
+    runner._grid_capped)."""
+    space = space_of({
+        "prefill-servers": {"type": "categorical", "choices": [0, 1], "kind": "shape",
+                            "default": 0},
+        "replicas": {"type": "categorical", "choices": [1, 2], "kind": "shape", "default": 1,
+                     "when": {"prefill-servers": 0}},
+        "data-parallel-size": {"type": "categorical", "choices": [1, 2], "default": 1,
+                               "when": {"prefill-servers": 0, "replicas": 1}}})
+    journal = tmp_path / "j"
+    tuner = Tuner(journal, "shapes", space, ["maximize"], "grid", seed=3, startup_trials=2)
+    assert tuner.enqueue_baseline(space.defaults())
+    first = tuner.ask()
+    assert first.is_baseline and first.params == space.defaults()
+    tuner.tell(first, ok(1.0))
+    seen = []
+    for round_ in range(2):
+        tuner = Tuner(journal, "shapes", space, ["maximize"], "grid", seed=3, startup_trials=2)
+        for i in range(2):
+            p = tuner.ask()
+            seen.append(p.params)
+            tuner.tell(p, ok(float(round_ * 2 + i)))
+    key = sorted(tuple(sorted(p.items())) for p in seen)
+    assert key == sorted(tuple(sorted(p.items())) for p in [
+        {"prefill-servers": 0, "replicas": 1, "data-parallel-size": 1},
+        {"prefill-servers": 0, "replicas": 1, "data-parallel-size": 2},
+        {"prefill-servers": 0, "replicas": 2}, {"prefill-servers": 1}])
+
+
 @pytest.mark.parametrize("sampler", ["nsga2", "tpe", "random"])
 def test_multi_objective_study_keeps_a_pareto_front(tmp_path, sampler):
     tuner = Tuner(tmp_path / "j", "mo", SPACE, ["maximize", "minimize"], sampler, seed=0,

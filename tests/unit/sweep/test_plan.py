@@ -6,12 +6,12 @@ import pandas as pd
 import pytest
 
 from framework.config.search_space import SearchSpace
+from framework.config.search_space import configurations
 from framework.config.search_space import load_search_space
 from framework.engine.feasibility import Feasibility
 from framework.results.queries import phase_means
 from framework.sweep.plan import DEFAULTS_S
 from framework.sweep.plan import TimeEstimate
-from framework.sweep.plan import configurations
 from framework.sweep.plan import feasible_share
 from framework.sweep.plan import remeasurements
 from framework.sweep.plan import runs_per_server

@@ -90,6 +90,8 @@ def test_prefill_decode_moves_the_kv_and_a_connector_that_moves_none_fails(tmp_p
     assert config["kv_connector"] == "ExampleConnector"
     assert not os.path.exists(config["kv_connector_extra_config"]["shared_storage_path"])
     assert [s.stops for s in launcher.servers] == [1, 1, 1]
+    # the decode server was asked to avoid the prefill server's node, nothing else was
+    assert launcher.avoided == [frozenset(), frozenset(), frozenset({"127.0.0.1"})]
 
     monkeypatch.setattr(replicas, "kv_transfer_args",
                         lambda name, folder=None: kv_transfer_args("NixlConnector"))

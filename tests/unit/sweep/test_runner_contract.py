@@ -113,6 +113,7 @@ class FakeLauncher:
         self.most_held = 0
         self.servers: list[FakeServer] = []
         self.refused: list[list[str]] = []
+        self.avoided: list[frozenset[str]] = []  # each launch's `avoid`, in order
         self._cond = threading.Condition()
         self._stopped = False
 
@@ -133,7 +134,8 @@ class FakeLauncher:
 
     def launch(self, argv_for_port: Callable[[str, int], list[str]], log_path: Path,
                wanted: Sequence[dict[str, float]], on_placed: Callable[[], None] = lambda: None,
-               unit: int = 1) -> FakeServer:
+               unit: int = 1, avoid: frozenset[str] = frozenset()) -> FakeServer:
+        self.avoided.append(avoid)  # one pretend node: nothing to avoid it for
         devices = int(sum(b.get("GPU", 0) for b in wanted))
         with self._cond:
             placed = self._cond.wait_for(

@@ -74,7 +74,8 @@ class StampingLauncher(FakeLauncher):
         self._placed = 0
         self._placed_lock = threading.Lock()
 
-    def launch(self, argv_for_port, log_path, wanted, on_placed=lambda: None, unit=1):
+    def launch(self, argv_for_port, log_path, wanted, on_placed=lambda: None, unit=1,
+               avoid=frozenset()):
         def placed() -> None:
             on_placed()
             self.stamps.append(("start", time.monotonic()))

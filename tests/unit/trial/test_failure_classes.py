@@ -102,7 +102,8 @@ def test_run_trial_records_a_start_up_oom_on_held_devices_as_devices_held(tmp_pa
     server = CrashedServer(held)
 
     class Launcher:
-        def launch(self, argv_for_port, log_path, wanted, on_placed=lambda: None, unit=1):
+        def launch(self, argv_for_port, log_path, wanted, on_placed=lambda: None, unit=1,
+                   avoid=frozenset()):
             on_placed()
             return server
 
