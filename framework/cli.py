@@ -286,6 +286,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from framework.config.search_space import configurations
     from framework.results.queries import phase_means
     from framework.sweep import loader as sweep_mod
@@ -316,6 +318,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                                  spec.search.baseline_repeats),
                                   warm="warm_start" in spec.server.startup_levers
                                   and spec.engine in ("cpu", "gpu"))
+    if space.shape_params:
+        estimate = replace(estimate, servers=plan.servers_per_trial(configs))
     print(f"sweep {spec.name}: {len(space.parameters)} parameters, "
           f"{'unbounded (float ranges)' if size is None else f'{size} configurations'}"
           f"{_curve_text(sw)}")

@@ -20,6 +20,10 @@
   (warm-up + load + overhead).
 - Re-measurements (search.confirm_top, the baseline's last repeat) are trials beyond n_trials,
   each on a fresh server.
+- Deployment shapes (`replicas`, `prefill-servers`): a start is a deployment of several
+  servers, started together (trial/replicas.py launches them without waiting for each to be
+  ready), counted as one start-up; the printout says how many servers that is. Whether a
+  shape can be placed on the cluster is not counted here (`run` refuses it without a start).
 """
 
 from __future__ import annotations
@@ -127,6 +131,15 @@ def _kind(reason: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", head)[:140]
 
 
+def servers_per_trial(configs: Sequence[Mapping[str, Scalar]]) -> float:
+    """The mean servers of a trial over `configs`: `replicas` (default 1) plus `prefill-servers`
+    (default 0), the deployment-shape settings; 1.0 for no configuration."""
+    if not configs:
+        return 1.0
+    return sum(int(c.get("replicas", 1) or 1) + int(c.get("prefill-servers", 0) or 0)
+               for c in configs) / len(configs)
+
+
 def runs_per_server(space: SearchSpace, sampler: str) -> int:
     """Trials one server serves under server.reuse: every combination of the run settings'
     values, which the grid sampler walks server configuration by server configuration; TPE and
@@ -148,6 +161,9 @@ class TimeEstimate:
     startup_phases: Mapping[str, float] = field(default_factory=dict)  # seconds, by column
     screen: str = ""  # how screening shaped `bench`, for the printout
     zygote_s: float = 0.0  # warm_start: the zygote's start, once, before the first server
+    # deployment shapes: a start is one deployment, of this many servers on average
+    # (servers_per_trial), started together: its start-up counts once, as one server's
+    servers: float = 1.0
 
     @property
     def startup_wall_s(self) -> float:
@@ -182,6 +198,9 @@ class TimeEstimate:
                     f"trials x ({rest})) / {self.side_by_side} side by side")
         if self.zygote_s:
             head = f"zygote {self.zygote_s:.0f} s + {head}"
+        if self.servers != 1.0:
+            head += (f"; a start is a deployment of {self.servers:.2g} servers on average "
+                     f"(~{round(self.starts * self.servers)} servers), started together")
         out = [f"  time: {head} = ~{self.total_s / 60:.0f} min ({self.source})"]
         if self.startup_phases:
             out.append("    start-up by phase: " + ", ".join(

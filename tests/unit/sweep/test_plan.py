@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -16,6 +18,7 @@ from framework.sweep.plan import feasible_share
 from framework.sweep.plan import remeasurements
 from framework.sweep.plan import runs_per_server
 from framework.sweep.plan import sample
+from framework.sweep.plan import servers_per_trial
 from framework.sweep.plan import space_size
 from framework.sweep.plan import time_estimate
 from tests.cli import cli_in_process
@@ -228,3 +231,23 @@ def test_warm_start_changes_the_default_start_up_and_adds_the_zygote_once(
     cold = time_estimate(None, engine, n_trials=4, side_by_side=1)
     assert est.total_s - cold.total_s == pytest.approx(zygote + 4 * (startup - cold.per_trial_s["startup"]))
     assert est.lines()[0].startswith(f"  time: zygote {zygote:.0f} s + " if warm else "  time: (")
+
+
+@pytest.mark.parametrize(("configs", "servers"), [
+    ([], 1.0),
+    ([{"max-num-seqs": 8}], 1.0),
+    # the four shapes of sweeps/shapes_cpu.yaml: 1, 1 (DP is one server), 2, 1 + 1
+    ([{"prefill-servers": 0, "replicas": 1, "data-parallel-size": 1},
+      {"prefill-servers": 0, "replicas": 1, "data-parallel-size": 2},
+      {"prefill-servers": 0, "replicas": 2}, {"prefill-servers": 1}], 1.5),
+])
+def test_servers_per_trial(configs, servers):
+    assert servers_per_trial(configs) == servers
+
+
+def test_a_deployment_start_says_how_many_servers_it_is():
+    estimate = time_estimate(None, "gpu", n_trials=4, side_by_side=1)
+    assert "servers on average" not in "\n".join(estimate.lines())
+    shaped = replace(estimate, servers=2.5)
+    assert shaped.total_s == estimate.total_s  # started together: one start-up a deployment
+    assert "a deployment of 2.5 servers on average (~10 servers)" in shaped.lines()[0]
