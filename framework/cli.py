@@ -313,9 +313,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                   runs_per_server=plan.runs_per_server(space, spec.search.sampler)
                                   if spec.server.reuse else 1, screen=spec.search.screen,
                                   start_ahead=spec.cluster.start_ahead,
-                                  remeasured=plan.remeasurements(spec.search.confirm_top,
-                                                                 spec.search.baseline,
-                                                                 spec.search.baseline_repeats),
+                                  remeasured=plan.remeasurements(
+                                      spec.search.confirm_top, spec.search.baseline,
+                                      spec.search.baseline_repeats,
+                                      spec.search.interleaved_runs
+                                      if spec.search.sampler == "grid" else 0),
                                   warm="warm_start" in spec.server.startup_levers
                                   and spec.engine in ("cpu", "gpu"))
     if space.shape_params:

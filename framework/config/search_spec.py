@@ -49,7 +49,8 @@ class SearchSpec(_Spec):
     re-measurement broke the SLA. `baseline_repeats: r` (default 2): the baseline is measured
     r more times on fresh servers, interleaved with the search (evenly spaced; the last one
     among the confirmation runs), so drift shows and the server-to-server spread is measured;
-    the gain's 95% interval rests on it.
+    the gain's 95% interval rests on it. They count toward n_trials, except on the grid
+    sampler, where they come on top (every grid point still runs once).
     `precision: p`: a trial stays under load, one run after another (fresh prompts each),
     until its objective's 95% interval, server-to-server spread included, is within +-p of its
     mean (trial.precision), or until it is clearly worse than the best, or runs into
@@ -110,6 +111,13 @@ class SearchSpec(_Spec):
             raise ValueError(f"repeats {self.repeats} > precision_max_runs "
                              f"{self.precision_max_runs}")
         return self
+
+    @property
+    def interleaved_runs(self) -> int:
+        """Baseline re-measurements queued during the search (sweep.remeasure): r - 1 for
+        r = baseline_repeats >= 2 (the last one runs among the confirmations); none without a
+        baseline."""
+        return max(0, self.baseline_repeats - 1) if self.baseline else 0
 
     @property
     def max_runs(self) -> int:

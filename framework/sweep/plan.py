@@ -211,12 +211,14 @@ class TimeEstimate:
         return out
 
 
-def remeasurements(confirm_top: int, baseline: bool, baseline_repeats: int) -> int:
+def remeasurements(confirm_top: int, baseline: bool, baseline_repeats: int,
+                   interleaved: int = 0) -> int:
     """Trials beyond search.n_trials, each on a fresh server (sweep.remeasure): the confirmation
-    runs of the top `confirm_top` and the baseline's last re-measurement (the mid-search ones
-    count toward n_trials); a second confirmation round, when the first meets no SLA, is not
-    foreseen."""
-    return confirm_top + int(baseline and baseline_repeats >= 1)
+    runs of the top `confirm_top`, the baseline's last re-measurement, and `interleaved`
+    mid-search ones where they do not count toward n_trials (the grid sampler's:
+    SearchSpec.interleaved_runs); a second confirmation round, when the first meets no SLA,
+    is not foreseen."""
+    return confirm_top + int(baseline and baseline_repeats >= 1) + interleaved
 
 
 def time_estimate(history: PhaseMeans | None, engine: str, n_trials: int,

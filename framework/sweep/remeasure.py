@@ -3,8 +3,9 @@ fresh servers during the search (`search.baseline_repeats`), the confirmation ru
 (`search.confirm_top`), and the precision rule a trial is launched with (`search.precision`).
 
 Schedule: with r = baseline_repeats and n the search's trials, re-measurement j = 1..r-1 is
-queued once n x j / r trials have started (it counts toward n), and the last one among the
-confirmation runs, after the top configurations' (so the baseline brackets the search).
+queued once n x j / r trials have started (it counts toward n, except on the grid, whose
+target grows by them: runner._grid_capped), and the last one among the confirmation runs,
+after the top configurations' (so the baseline brackets the search).
 The best feasible configuration sits on the SLA's edge when the objective pushes against it, so
 its confirmation breaks the SLA about half the time: when no confirmed configuration meets it,
 the next `confirm_top` are confirmed, up to CONFIRM_ROUNDS rounds in all.
@@ -36,7 +37,7 @@ def queue_interleaved(spec: SweepSpec, space: SearchSpace, tuner: Tuner, started
     point (module docstring). True if queued."""
     r = spec.search.baseline_repeats if spec.search.baseline else 0
     base = tuner.baseline_number()
-    if r < 2 or base is None:
+    if not spec.search.interleaved_runs or base is None:
         return False
     due = sum(1 for j in range(1, r) if started >= math.ceil(n * j / r))
     if tuner.interleaved() >= due:

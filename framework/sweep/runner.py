@@ -182,17 +182,20 @@ class Runner:
 
     def _grid_capped(self, target: int) -> int:
         """The grid sampler runs each configuration once: at most the grid's size (with the
-        baseline) trials."""
+        baseline) trials, plus the baseline's re-measurements during the search
+        (search.baseline_repeats, sweep.remeasure), which would otherwise take the place of
+        grid points (they count toward the target)."""
         spec = self.spec
         if spec.search.sampler != "grid":
             return target
         whole = grid_size(self.sweep.space) + int(spec.search.baseline)
-        if target <= whole:
-            return target
-        self.console.print(f"the grid holds {whole} configurations"
-                           f"{' (with the baseline)' if spec.search.baseline else ''}: "
-                           f"running {whole} trials, not {target}")
-        return whole
+        repeats = spec.search.interleaved_runs
+        if target > whole:
+            self.console.print(f"the grid holds {whole} configurations"
+                               f"{' (with the baseline)' if spec.search.baseline else ''}: "
+                               f"running {whole} trials, not {target}")
+            target = whole
+        return target + repeats
 
     def _goes_on(self, loop: _Loop) -> bool:
         """Whether trials remain; at the target, the confirmation runs are queued (once) and

@@ -212,6 +212,8 @@ def test_start_up_phases_come_from_fresh_servers_and_are_printed():
 ])
 def test_remeasurements_add_fresh_trials(confirm_top, baseline, repeats, extra):
     assert remeasurements(confirm_top, baseline, repeats) == extra
+    # on the grid, the mid-search ones come on top of n_trials too
+    assert remeasurements(confirm_top, baseline, repeats, interleaved=2) == extra + 2
     # 10 trials + extra, each re-measurement on its own server: (10 + extra) x (30 + 16) s
     est = time_estimate(None, "cpu", n_trials=10, side_by_side=1, remeasured=extra)
     assert (est.trials, est.starts) == (10 + extra, 10 + extra)

@@ -48,3 +48,12 @@ def test_the_precision_rule_is_set_with_search_precision():
     load = remeasure_load(_spec(0.05), _load(), p, 2, pd.DataFrame())
     assert load.precision is not None
     assert (load.precision.target, load.precision.max_runs, load.precision.devices) == (0.05, 3, 2)
+
+
+@pytest.mark.parametrize(("baseline", "repeats", "runs"), [
+    (True, 0, 0), (True, 1, 0),   # the one re-measurement runs among the confirmations
+    (True, 2, 1), (True, 4, 3), (False, 3, 0)])
+def test_interleaved_runs(baseline, repeats, runs):
+    from framework.config.search_spec import SearchSpec
+
+    assert SearchSpec(baseline=baseline, baseline_repeats=repeats).interleaved_runs == runs

@@ -313,22 +313,24 @@ def test_without_reuse_every_server_is_stopped_once_and_devices_are_never_oversu
 
 @pytest.mark.timeout(120)
 def test_the_baseline_brackets_the_search_and_the_winner_is_confirmed_on_a_fresh_server(tmp_path):
-    """baseline_repeats 2, confirm_top 1, precision: the baseline runs first, again once half
-    the search started (counting toward n_trials), and last, after the top configuration's
-    confirmation; re-measurements never reuse a server; every measured row has its precision
-    columns; the verdict rests on the 3 baseline servers and on the winner's confirmation."""
+    """baseline_repeats 2, confirm_top 1, precision, on the grid: the baseline runs first,
+    again once half the search started, and last, after the top configuration's confirmation;
+    every grid point still runs (the grid's re-measurement comes on top of n_trials: it once
+    took a grid point's place); re-measurements never reuse a server; every measured row has
+    its precision columns; the verdict rests on the 3 baseline servers and on the winner's
+    confirmation."""
     space = {"max-num-seqs": {"type": "categorical", "choices": [2, 4, 8], "default": 8}}
     search = {"baseline": True, "baseline_repeats": 2, "confirm_top": 1, "precision": 0.5,
               "precision_max_runs": 3}
     runner, counted, out = _run(_sweep(tmp_path, "remeasure", space, True, 4, search),
                                 FakeLauncher(gpus=1), 4)
-    trials = _told_once_with_rows(runner, counted, 6)
+    trials = _told_once_with_rows(runner, counted, 7)
     base = trials[trials["is_baseline"] == True]  # noqa: E712
-    assert list(base["trial_number"]) == [0, 2, 5]
+    assert list(base["trial_number"]) == [0, 3, 6]
     assert list(base["confirmation_of"].fillna(-1).astype(int)) == [-1, 0, 0]
-    confirm = trials[trials["trial_number"] == 4].iloc[0]
+    confirm = trials[trials["trial_number"] == 5].iloc[0]
     search_rows = trials[(trials["is_baseline"] != True) & trials["confirmation_of"].isna()]  # noqa: E712
-    assert len(search_rows) == 2  # the mid-search baseline took one of the 4 search trials
+    assert sorted(search_rows["param_max_num_seqs"]) == [2, 4, 8]  # the whole grid
     assert int(confirm["confirmation_of"]) in set(search_rows["trial_number"])
     remeasured = trials[trials["confirmation_of"].notna()]
     assert not remeasured["server_reused"].any()
