@@ -257,8 +257,11 @@ def test_kill_9_mid_trial_requeues_that_trial_on_resume(tiny_model, short_tmp):
     marker = new_marker()
     env = cli_env(marker, short_tmp)
     passes = short_tmp / "passes"
+    # one trial at a time: with three asked at once, the one GPU went to whichever group Ray
+    # placed first, not always trial 0's (s20burn, a slowed run: trial 1 took the pass)
     sweep = fake_grid_sweep(short_tmp, tiny_model, "requeue", startup_s=0.2, passes=passes,
-                            search={"requeue_interrupted": True})
+                            search={"requeue_interrupted": True},
+                            cluster={"max_concurrent_trials": 1})
     give_passes(passes, 1)  # trial 0's server starts; trial 1's waits for a pass
     first_row = short_tmp / "results" / "requeue" / "trials" / "sweep=requeue" / "trial-00000.parquet"
     proc = start_driver(sweep, short_tmp, env)
