@@ -199,8 +199,15 @@ def _k8s_text(sw: Sweep, found: Shipped, version: object, args: argparse.Namespa
                              env=env, size=size)
     head = [f"vllm-sweep export {sw.spec.name}: trial {found.trial} ({found.verdict.kind})",
             *k8s_notes(plan)]
-    return "".join(f"# {line}\n" for line in head) + yaml.safe_dump_all(k8s_manifests(plan),
-                                                                       sort_keys=False)
+    docs = k8s_manifests(plan)
+    if found.prefill:
+        from framework.engine.router_source import standalone_files
+        from framework.fleet.k8s_pd import pd_manifests
+        from framework.fleet.k8s_pd import pd_notes
+
+        head += pd_notes(plan)
+        docs = pd_manifests(plan, standalone_files())
+    return "".join(f"# {line}\n" for line in head) + yaml.safe_dump_all(docs, sort_keys=False)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -219,11 +226,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(found.headline, file=sys.stderr)
         return EXIT_NOTHING
     version = trials.loc[trials["trial_number"] == found.trial, "vllm_version"].iloc[0]
-    if found.prefill and args.format == "k8s":
-        raise ConfigError("command line", "--format", args.format,
-                          f"trial {found.trial} ships prefill/decode, which this format does not "
-                          "write yet (a manifest per role, and a proxy in front); use --format "
-                          "serve, ray-serve or json")
     if args.format == "serve":
         text = deploy.serve_text(found)
     elif args.format == "json":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -31,6 +32,7 @@ from tests.sweeps import shipped_example
 pytestmark = pytest.mark.server
 
 PROMPTS = 24
+K8S_VERSION = "1.33.0"  # as tests/unit/results/test_deploy.py validates
 
 
 @pytest.mark.timeout(900)
@@ -115,6 +117,17 @@ def test_one_sweep_measures_the_four_shapes(
     assert sum(line.startswith("vllm serve ") for line in lines) == servers
     assert sum("--kv-transfer-config" in line for line in lines) == 2 * prefill
     assert any("framework.engine.router" in line for line in lines) == (servers > 1)
+    # Kubernetes: a Deployment per role (P/D: prefill, decode and the router) or one for the
+    # servers, all valid for the API server's schema
+    k8s = run_joined(shared_ray, ["export", str(path), "--format", "k8s"], short_tmp)
+    assert k8s.returncode == 0, k8s.stdout[-2000:] + k8s.stderr[-2000:]
+    docs = [doc for doc in yaml.safe_load_all(k8s.stdout) if doc]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    deployments = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert len(deployments) == (3 if prefill else 1)
+    if not prefill:
+        assert deployments[0]["spec"]["replicas"] == servers
     serve = run_joined(shared_ray, ["export", str(path), "--format", "ray-serve"], short_tmp)
     assert serve.returncode == 0, serve.stdout[-2000:] + serve.stderr[-2000:]
     app = yaml.safe_load(serve.stdout)["applications"][0]

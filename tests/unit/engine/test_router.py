@@ -11,7 +11,9 @@ import http.server
 import json
 import os
 import subprocess
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -405,3 +407,40 @@ def test_router_streams_chunk_by_chunk_and_answers_502_for_a_dead_backend(router
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.timeout(120)
+def test_the_routers_standalone_files_run_it_from_a_folder_of_their_own(tmp_path):
+    """Guards the k8s P/D export's router (fleet/k8s_pd.py): the files of
+    engine/router_source.py, alone on PYTHONPATH, import and run the router (it listens and
+    writes its ready file), with nothing else of this project imported."""
+    from framework.engine.router_source import standalone_files
+
+    root = tmp_path / "root"
+    for path, text in standalone_files().items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    probe = subprocess.run([sys.executable, "-c", "import sys, framework.engine.router as r; "
+                            "print(r.__file__); print(sorted(m for m in sys.modules "
+                            "if m.startswith('framework')))"],
+                           cwd=root, env=env, capture_output=True, text=True, timeout=GUARD_S)
+    assert probe.returncode == 0, probe.stderr
+    where, modules = probe.stdout.splitlines()
+    assert where == str(root / "framework/engine/router.py")
+    assert eval(modules) == ["framework", "framework.base", "framework.base.exports",
+                             "framework.base.vocabulary", "framework.engine",
+                             "framework.engine.router"]
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-m", "framework.engine.router", "--host",
+                             "127.0.0.1", "--port", "0", "--backend", "http://127.0.0.1:9",
+                             "--ready-file", str(ready)], cwd=root, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + GUARD_S
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert get(f"{ready.read_text().strip()}/health")[0] == 503  # its backend is absent
+    finally:
+        assert stopped_cleanly(proc)

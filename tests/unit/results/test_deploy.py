@@ -143,6 +143,51 @@ def test_a_data_parallel_pod_holds_every_engines_gpus():
     assert deployment["spec"]["replicas"] == 3
 
 
+@pytest.mark.parametrize("engine, connector, folder", [
+    ("cpu", "ExampleConnector", "/mnt/shared/vllm-kv"), ("gpu", "NixlConnector", None)])
+def test_a_prefill_decode_deployment_on_kubernetes(engine, connector, folder):
+    """Guards #36's k8s export of a P/D winner: a Deployment + Service per role (replicas the
+    fleet's split: 2 groups of 1 P + 2 D), every server with the connector's flag (its folder
+    the KV claim's mount, which both roles mount, for a connector that keeps files), and the
+    router in vLLM's image from a ConfigMap of its source, in front of the two Services; all of
+    it valid Kubernetes."""
+    from framework.engine.kv_transfer import kv_transfer_config
+    from framework.engine.router_source import ROUTER_FILES
+    from framework.engine.router_source import standalone_files
+    from framework.fleet.k8s_pd import KV_MOUNT
+    from framework.fleet.k8s_pd import pd_manifests
+
+    kv = json.loads(kv_transfer_config(connector, folder))
+    d = replace(plan(engine, "H100-80GB" if engine == "gpu" else None, replicas=6), servers=3,
+                prefill=1, kv_transfer=kv)
+    docs = pd_manifests(d, standalone_files())
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert [(doc["kind"], doc["metadata"]["name"]) for doc in docs] == [
+        ("Deployment", "llama-8b-on-h100-prefill"), ("Service", "llama-8b-on-h100-prefill"),
+        ("Deployment", "llama-8b-on-h100-decode"), ("Service", "llama-8b-on-h100-decode"),
+        ("ConfigMap", "llama-8b-on-h100-router"), ("Deployment", "llama-8b-on-h100"),
+        ("Service", "llama-8b-on-h100")]
+    prefill, _, decode, _, config_map, router, _ = docs
+    assert [prefill["spec"]["replicas"], decode["spec"]["replicas"]] == [2, 4]
+    for role in (prefill, decode):
+        pod = role["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        sent = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
+        assert sent["kv_connector"] == connector
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        assert (KV_MOUNT in mounts) == (folder is not None)
+        if folder is not None:
+            assert sent["kv_connector_extra_config"]["shared_storage_path"] == KV_MOUNT
+    (c,) = router["spec"]["template"]["spec"]["containers"]
+    assert c["command"][:3] == ["python3", "-m", "framework.engine.router"]
+    assert c["command"][c["command"].index("--prefill") + 1] == "http://llama-8b-on-h100-prefill:8000"
+    assert c["command"][c["command"].index("--backend") + 1] == "http://llama-8b-on-h100-decode:8000"
+    items = router["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"]
+    assert sorted(i["path"] for i in items) == sorted(ROUTER_FILES)
+    assert set(config_map["data"]) == {i["key"] for i in items}
+
+
 def test_a_broken_k8s_manifest_is_caught_by_the_schema():
     deployment, _ = k8s_manifests(plan("gpu", "H100-80GB"))
     deployment["spec"]["replicas"] = "three"
