@@ -37,7 +37,7 @@ K8S_VERSION = "1.33.0"  # as tests/unit/results/test_deploy.py validates
 
 @pytest.mark.timeout(900)
 def test_one_sweep_measures_the_four_shapes(
-        shared_ray, tiny_model, short_tmp):
+        shared_ray, tiny_model, short_tmp, record_property):
     sweep = shipped_example("shapes_cpu", tiny_model, short_tmp, PROMPTS)
     # the shapes and their rows are tested: no latency SLA to break on this machine's speed;
     # the quality probe's agreement stays an SLA
@@ -80,6 +80,7 @@ def test_one_sweep_measures_the_four_shapes(
     # own bar: exactly 100% is not what batched CPU numerics promise (the probe sends 8 at a
     # time; one run here flipped one near-tie: 0.996), while KV that is lost or wrong breaks
     # the answers from its first token on
+    record_property("pd_token_agreement", float(pd_row["token_agreement"]))  # in junit.xml
     assert pd_row["token_agreement"] >= 0.98, pd_row["token_agreement"]
     aggregated = trials[trials["shape"] != "1P1DxTP1xPP1"]
     assert aggregated["kv_transfer_tokens"].fillna(0).eq(0).all()
