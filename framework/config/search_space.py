@@ -71,6 +71,13 @@ SHAPE_MINIMUM: dict[str, int] = {"replicas": 1, "prefill-servers": 0}
 SHAPE_SETTINGS: tuple[str, ...] = tuple(SHAPE_MINIMUM)
 
 
+def shape_setting(params: Mapping[str, Scalar], name: str) -> int:
+    """Shape setting `name` of a trial's parameters; its least value (the single server's)
+    where the trial leaves it out."""
+    value = params.get(name)
+    return SHAPE_MINIMUM[name] if value is None else int(value)
+
+
 class _Param(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = ""

@@ -50,6 +50,7 @@ from framework.config.search_space import IntParam
 from framework.config.search_space import SearchSpace
 from framework.config.search_space import configurations
 from framework.config.search_space import discrete_values
+from framework.config.search_space import shape_setting
 
 ENUMERATE_LIMIT = 20_000
 # Start-ahead: each of two CPU start-ups side by side took 1.31x as long as one alone
@@ -136,7 +137,7 @@ def servers_per_trial(configs: Sequence[Mapping[str, Scalar]]) -> float:
     (default 0), the deployment-shape settings; 1.0 for no configuration."""
     if not configs:
         return 1.0
-    return sum(int(c.get("replicas", 1) or 1) + int(c.get("prefill-servers", 0) or 0)
+    return sum(shape_setting(c, "replicas") + shape_setting(c, "prefill-servers")
                for c in configs) / len(configs)
 
 

@@ -22,6 +22,7 @@ from framework.cluster.placement import shape_problem
 from framework.cluster.placement import why_unplaceable
 from framework.config.search_space import SearchSpace
 from framework.config.search_space import discrete_values
+from framework.config.search_space import shape_setting
 from framework.engine.feasibility import Feasibility
 from framework.engine.kv_transfer import CONNECTORS
 from framework.engine.kv_transfer import default_connector
@@ -113,8 +114,8 @@ def plan_trial(sweep: Sweep, p: Proposal, load: LoadPlan) -> TrialPlan:
                      wanted=tuple(bundles(shape, spec.engine, spec.cluster.cpus_per_worker)),
                      unit=node_unit(shape), key=serve_command(str(spec.model), flags),
                      load=with_run_settings(load, spec, sweep.space.run_settings(p.params)),
-                     replicas=int(shape_settings.get("replicas", 1)),
-                     prefill=int(shape_settings.get("prefill-servers", 0)))
+                     replicas=shape_setting(shape_settings, "replicas"),
+                     prefill=shape_setting(shape_settings, "prefill-servers"))
 
 
 @dataclass(frozen=True)
