@@ -348,6 +348,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         sweep_mod.check_tokenizer(sw)
     except ConfigError as exc:
         print(f"note: `run` needs a tokenizer: {exc}")
+    if sw.spec.search.prior is not None:
+        from framework.sweep.prior import off_reason
+
+        reason = off_reason(sw)
+        print(f"search.prior {sw.spec.search.prior}: " + (f"off: {reason}" if reason else
+                                                           f"on (GPU {sw.spec.gpu})"))
     return 0
 
 

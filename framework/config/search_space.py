@@ -323,12 +323,37 @@ def load_search_space(path: Path) -> SearchSpace:
     return load_validated(path, SearchSpace, "search-space")
 
 
-def configurations(space: SearchSpace) -> Iterator[dict[str, Scalar]]:
-    """Every configuration of a discrete space (every parameter's discrete values), walked as
-    the define-by-run tree: a conditional parameter branches only where its `when` holds, so no
-    configuration repeats. In parameter order; a float range is taken as one value (None)."""
+def coarse_values(param: _Param, steps: int = 5) -> list[Scalar]:
+    """A few values standing for a parameter, for predicting over a space: every discrete value
+    of a parameter with at most 16; else, for a log range, its powers of 2 and its bounds, for
+    a linear one `steps` evenly spaced values (ints on the range's steps)."""
+    values = discrete_values(param, max_values=SIBLING_VALUES)
+    if values is not None:
+        return values
+    assert isinstance(param, (IntParam, FloatParam))
+    low, high = param.low, param.high
+    if param.log:
+        powers = [2.0 ** k for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)]
+        points: list[float] = sorted({float(low), *powers, float(high)})
+    else:
+        points = [low + (high - low) * i / (steps - 1) for i in range(steps)]
+    if isinstance(param, IntParam):
+        return sorted({min(param.high, param.low + round((v - param.low) / param.step) * param.step)
+                       for v in points})
+    return list(points)
+
+
+def configurations(space: SearchSpace, values_of: Mapping[str, Sequence[Scalar]] | None = None
+                   ) -> Iterator[dict[str, Scalar]]:
+    """Every configuration of a discrete space (every parameter's discrete values, or the
+    values `values_of` gives it), walked as the define-by-run tree: a conditional parameter
+    branches only where its `when` holds, so no configuration repeats. In parameter order; a
+    float range is taken as one value (None)."""
     names = list(space.parameters)
-    values: list[list[Any]] = [discrete_values(space.parameters[n]) or [None] for n in names]
+    given: Mapping[str, Sequence[Scalar]] = values_of or {}
+    one: list[Any] = [None]
+    values: list[list[Any]] = [list(given.get(n) or discrete_values(space.parameters[n]) or one)
+                               for n in names]
 
     def walk(i: int, chosen: dict[str, Scalar]) -> Iterator[dict[str, Scalar]]:
         if i == len(names):

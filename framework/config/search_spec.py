@@ -20,7 +20,7 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Sampler = Literal["tpe", "random", "grid", "nsga2"]
+Sampler = Literal["tpe", "random", "grid", "nsga2", "gp"]
 # SQLAlchemy database URLs Optuna's RDBStorage takes: dialect[+driver]://[user[:password]@]...
 DATABASE_URL = re.compile(r"^(?P<dialect>[a-z]+)(\+[a-z0-9_]+)?://"
                           r"(?:(?P<user>[^:@/]*)(?::(?P<password>[^@/]*))?@)?")
@@ -30,8 +30,9 @@ DATABASES = ("postgresql", "mysql", "sqlite")
 class SearchSpec(_Spec):
     """How Optuna searches. `sampler`: tpe (default; multivariate, constraint-aware), random,
     grid (every combination of a small discrete space, then stops), nsga2 (multi-objective
-    evolutionary). `learn_from_failures`: configuration failures (infeasible, invalid_args,
-    oom_at_startup, startup_crash, unplaceable) are told to Optuna as violated constraints so
+    evolutionary), gp (Optuna's Gaussian-process sampler, constraint-aware).
+    `learn_from_failures`: configuration failures (infeasible, invalid_args, oom_at_startup,
+    startup_crash, unplaceable) are told to Optuna as violated constraints so
     it leaves their region (off: plain FAIL, which TPE ignores).
     `trial_timeout_s`: deadline of one trial from the moment its
     placement group is placed (start-up, warm-up and load; queueing for placement excluded),
@@ -62,6 +63,13 @@ class SearchSpec(_Spec):
     (tuner.FarFromBestPruner) finds its screen objective worse than the best feasible trial's
     screen by more than `screen_margin`; the rest get the full run. Single objective only.
     `saturation`: when a run is over-saturated and ends early (config.saturation_spec).
+    `prior`: a predictor (engine/predictor.py, e.g. `aiconfigurator`) whose predicted top
+    `prior_top_k` feasible configurations run first, after the baseline (Optuna's
+    enqueue_trial); every row then carries the prediction beside the measurement. A prediction
+    never decides a verdict: only measurements do. `prior_refit_every: n` (0: never): after
+    every n measured trials, the predictions are corrected by what this cluster measured so
+    far (engine/correction.py) and the best untried configuration under the corrected
+    prediction runs next.
     `storage`: where the Optuna study lives: by default a journal file beside the results
     (mirrored to an object store results_dir); a database URL (`postgresql://user@host/db`,
     `mysql+pymysql://...`, `sqlite:////path/study.db`) uses Optuna's RDBStorage, which
@@ -89,6 +97,9 @@ class SearchSpec(_Spec):
     screen_margin: float = Field(default=0.3, gt=0, le=10)
     saturation: SaturationSpec = Field(default_factory=SaturationSpec)
     storage: str | None = None
+    prior: str | None = None  # a predictor's name (engine.predictor.PREDICTORS), checked at load
+    prior_top_k: int = Field(default=3, ge=1, le=50)
+    prior_refit_every: int = Field(default=0, ge=0, le=100)
 
     @field_validator("storage")
     @classmethod

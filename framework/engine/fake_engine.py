@@ -13,6 +13,10 @@ seconds): with FAKE_ENGINE_STARTUP_PASSES naming a folder, a server finishes sta
 taking (removing) one file from it, waiting while it is empty (so a test lets exactly N servers
 start); while the file FAKE_ENGINE_HOLD_TOKENS names exists, no request gets its next token.
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
+Token pacing is a strategy (`Pacing`): that one (`FixedPacing`) by default; with
+FAKE_ENGINE_SIM set, a simulated GPU (engine/sim_pacing.py: vLLM V1's scheduler run in real
+time, each step's time from a performance model; prompts counted with the model's
+tokenizer.json; running, waiting, KV usage and preemptions in /metrics from its scheduler).
 With `--kv-transfer-config` naming vLLM's ExampleConnector, it fakes that connector's
 observable contract (`kv_exchange`: a max_tokens-1 request saves the prompt's KV in
 the shared folder, a later request of the same prompt loads them, counted in
@@ -55,12 +59,20 @@ import io
 import json
 import os
 import time
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Protocol
 
 from framework.base.errors import TrialError
 from framework.engine.control import serve_from_env
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 _FLAGS_WITH_VALUE = ("max-num-seqs", "max-num-batched-tokens", "tensor-parallel-size",
                      "pipeline-parallel-size", "max-model-len", "distributed-executor-backend",
@@ -151,6 +163,83 @@ def kv_exchange(folder: str, prompt: str, prompt_tokens: int, max_tokens: int,
         return 0
 
 
+class TokenStream(Protocol):
+    """One request's tokens: each `__anext__` returns when its next token may be sent;
+    `aclose` ends it early (a client gone)."""
+
+    def __aiter__(self) -> AsyncIterator[None]: ...
+
+    def __anext__(self) -> Awaitable[None]: ...
+
+    def aclose(self) -> Awaitable[None]: ...
+
+
+class Pacing(Protocol):
+    """How FakeEngine counts a prompt's tokens and paces each request's tokens; its gauges by
+    vLLM's metric names (running, waiting, KV cache usage, preemptions)."""
+
+    def prompt_tokens(self, prompt: str) -> int: ...
+
+    def admit(self, prompt_tokens: int, output_tokens: int) -> TokenStream: ...
+
+    def gauges(self) -> Mapping[str, float]: ...
+
+    async def close(self) -> None: ...
+
+
+class FixedPacing:
+    """The default: a request waits for one of `max_num_seqs` slots, then its first token
+    comes `ttft_s` later and each next one `tpot_s` after the previous."""
+
+    def __init__(self, ttft_s: float, tpot_s: float, max_num_seqs: int) -> None:
+        self._ttft_s, self._tpot_s = ttft_s, tpot_s
+        self._slots = asyncio.Semaphore(max_num_seqs)
+        self._running = self._waiting = 0
+
+    def prompt_tokens(self, prompt: str) -> int:
+        return max(1, len(prompt.split()))
+
+    def admit(self, prompt_tokens: int, output_tokens: int) -> AsyncGenerator[None, None]:
+        return self._tokens(output_tokens)
+
+    async def _tokens(self, output_tokens: int) -> AsyncGenerator[None, None]:
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._running += 1
+        try:
+            await asyncio.sleep(self._ttft_s)
+            for i in range(output_tokens):
+                if i:
+                    await asyncio.sleep(self._tpot_s)
+                yield
+        finally:
+            self._running -= 1
+            self._slots.release()
+
+    def gauges(self) -> Mapping[str, float]:
+        return {"vllm:num_requests_running": self._running,
+                "vllm:num_requests_waiting": self._waiting,
+                "vllm:kv_cache_usage_perc": 0.0, "vllm:num_preemptions_total": 0}
+
+    async def close(self) -> None:
+        return None
+
+
+def pacing_from_env(args: argparse.Namespace) -> Pacing:
+    """FAKE_ENGINE_SIM set: the simulated GPU (sim_pacing; the token hold pauses its steps);
+    else FixedPacing from FAKE_ENGINE_TTFT_MS, FAKE_ENGINE_TPOT_MS and --max-num-seqs (128)."""
+    spec = os.environ.get("FAKE_ENGINE_SIM")
+    if spec:
+        from framework.engine.sim_pacing import sim_pacing
+
+        return sim_pacing(spec, args, paused=lambda: held("FAKE_ENGINE_HOLD_TOKENS"))
+    return FixedPacing(_env_float("FAKE_ENGINE_TTFT_MS", 20.0) / 1000,
+                       _env_float("FAKE_ENGINE_TPOT_MS", 5.0) / 1000, args.max_num_seqs or 128)
+
+
 def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = lambda _: None) -> None:
     """Parse, wait the configured start-up time, then serve until the process is killed."""
     args = parse_args(argv)
@@ -172,26 +261,42 @@ def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = 
 async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
 
-    ttft = _env_float("FAKE_ENGINE_TTFT_MS", 20.0) / 1000
-    tpot = _env_float("FAKE_ENGINE_TPOT_MS", 5.0) / 1000
-    slots = asyncio.Semaphore(args.max_num_seqs or 128)
-    counters = {"running": 0, "waiting": 0, "generated": 0, "queries": 0, "hits": 0,
-                "finished": 0}
     cached: set[str] = set()  # prompts seen: a whole-prompt prefix cache
+    app = build_app(args, pacing_from_env(args), cached)
+    loop = asyncio.get_running_loop()
+    control = serve_from_env({"reset_prefix_cache":
+                              lambda: bool(loop.call_soon_threadsafe(cached.clear))})
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if control is not None:
+            control.close()
+
+
+def build_app(args: argparse.Namespace, pacing: Pacing, cached: set[str]) -> web.Application:
+    """FakeEngine's routes, tokens paced by `pacing`; `cached` is its whole-prompt prefix cache
+    (the caller empties it on reset_prefix_cache). Closing the app closes the pacing."""
+    from aiohttp import web
+
+    counters = {"generated": 0, "queries": 0, "hits": 0, "finished": 0, "external": 0}
     caching = args.enable_prefix_caching is not False
     shared = kv_folder(args.kv_transfer_config)
-    counters["external"] = 0
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="")
 
     async def metrics(_: web.Request) -> web.Response:
-        text = (f"vllm:num_requests_running {counters['running']}\n"
-                f"vllm:num_requests_waiting {counters['waiting']}\n"
+        gauges = pacing.gauges()
+        text = (f"vllm:num_requests_running {gauges['vllm:num_requests_running']}\n"
+                f"vllm:num_requests_waiting {gauges['vllm:num_requests_waiting']}\n"
                 f"vllm:generation_tokens_total {counters['generated']}\n"
                 f"vllm:prefix_cache_queries_total {counters['queries']}\n"
                 f"vllm:prefix_cache_hits_total {counters['hits']}\n"
-                "vllm:kv_cache_usage_perc 0.0\nvllm:num_preemptions_total 0\n"
+                f"vllm:kv_cache_usage_perc {gauges['vllm:kv_cache_usage_perc']}\n"
+                f"vllm:num_preemptions_total {gauges['vllm:num_preemptions_total']}\n"
                 # one engine, labelled as vLLM labels each (vllm/v1/metrics/loggers.py)
                 'vllm:request_success_total{engine="0",finished_reason="length"} '
                 f"{counters['finished']}\n"
@@ -203,7 +308,12 @@ async def _serve(args: argparse.Namespace) -> None:
         body = await request.json()
         n_out = int(body.get("max_tokens") or 16)
         prompt = str(body.get("prompt", ""))
-        prompt_tokens = max(1, len(prompt.split()))
+        prompt_tokens = pacing.prompt_tokens(prompt)
+        try:
+            stream = pacing.admit(prompt_tokens, n_out)
+        except ValueError as exc:  # a request the engine can never run, refused as vLLM does
+            return web.json_response({"error": {"message": str(exc), "type": "BadRequestError",
+                                                "param": None, "code": 400}}, status=400)
         if caching:
             counters["queries"] += prompt_tokens
             counters["hits"] += prompt_tokens if prompt in cached else 0
@@ -212,23 +322,16 @@ async def _serve(args: argparse.Namespace) -> None:
             counters["external"] += kv_exchange(shared, prompt, prompt_tokens, n_out,
                                                 args.block_size or KV_BLOCK)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        counters["waiting"] += 1
-        async with slots:
-            counters["waiting"] -= 1
-            counters["running"] += 1
-            try:
-                await asyncio.sleep(ttft)
-                for i in range(n_out):
-                    if i:
-                        await asyncio.sleep(tpot)
-                    while held("FAKE_ENGINE_HOLD_TOKENS"):
-                        await asyncio.sleep(HOLD_POLL_S)
-                    chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": None}]}
-                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    counters["generated"] += 1
-            finally:
-                counters["running"] -= 1
+        try:
+            await resp.prepare(request)
+            async for _ in stream:
+                while held("FAKE_ENGINE_HOLD_TOKENS"):
+                    await asyncio.sleep(HOLD_POLL_S)
+                chunk = {"choices": [{"index": 0, "text": " x", "finish_reason": None}]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                counters["generated"] += 1
+        finally:
+            await stream.aclose()
         usage = {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_out,
                                           "total_tokens": prompt_tokens + n_out}}
         await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
@@ -245,17 +348,11 @@ async def _serve(args: argparse.Namespace) -> None:
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
-    loop = asyncio.get_running_loop()
-    control = serve_from_env({"reset_prefix_cache":
-                              lambda: bool(loop.call_soon_threadsafe(cached.clear))})
+    async def close_pacing(_: web.Application) -> None:
+        await pacing.close()
+
     app = web.Application(middlewares=[authenticate])
     app.add_routes([web.get("/health", health), web.get("/metrics", metrics),
                     web.post("/v1/completions", completions)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, args.host, args.port).start()
-    try:
-        await asyncio.Event().wait()
-    finally:
-        if control is not None:
-            control.close()
+    app.on_cleanup.append(close_pacing)
+    return app

@@ -35,6 +35,7 @@ from framework.results.decision_report import decision_section
 from framework.results.diagnosis import diagnose
 from framework.results.early import causes_text
 from framework.results.early import cut_short
+from framework.results.prediction_report import prediction_section
 from framework.results.quality_report import quality_section
 from framework.results.queries import cut_short_mask
 from framework.results.queries import result_label
@@ -240,6 +241,7 @@ def render_report(trials: pd.DataFrame, spec: SweepSpec, importances: Mapping[st
         "<h2>All trials</h2>", _table(trials, spec, params, best_number) if not trials.empty
         else "<p>No trials yet.</p>",
         "<h2>Output quality</h2>", quality_section(trials),
+        "<h2>Predicted vs measured</h2>", prediction_section(trials, spec.objective.metric),
         "<h2>Failures</h2>", _failures(trials),
         "<h2>Where the time went</h2>", time_section(trials),
     ]

@@ -24,6 +24,7 @@ from framework.config.search_space import IntParam
 from framework.config.search_space import Param
 from framework.config.search_space import SearchSpace
 from framework.engine.feasibility import Feasibility
+from framework.engine.prediction import PREDICTION_COLUMNS
 from framework.engine.server_metrics import SERVER_METRIC_COLUMNS
 from framework.engine.startup_log import STARTUP_PHASE_COLUMNS
 from framework.fleet.columns import FLEET_COLUMNS
@@ -119,6 +120,7 @@ def trial_columns(space: SearchSpace, percentiles: Sequence[float],
     columns += list(SERVER_METRIC_COLUMNS)
     columns += list(SATURATION_COLUMNS)
     columns += [(name, "float") for name in ESTIMATE_COLUMNS.values()]
+    columns += PREDICTION_COLUMNS  # search.prior's predictor: engine.prediction
     columns += [("feasibility_warnings", "str"), ("diagnosis", "str"), ("diagnosis_detail", "str"),
                 ("stopped_early", "str")]
     columns += QUALITY_COLUMNS
@@ -182,6 +184,7 @@ class TrialContext:
     startup_levers: tuple[str, ...] = ()  # framework.engine.startup_levers, used by this trial
     shape: str | None = None  # cluster.placement.Shape.label: TP x PP (x DP)
     fleet: Mapping[str, object] | None = None  # fleet.columns.fleet_values
+    prediction: Mapping[str, object] | None = None  # engine.prediction.Prediction.columns()
 
 
 def trial_state(outcome: TrialOutcome) -> str:
@@ -252,6 +255,7 @@ def trial_row(ctx: TrialContext, outcome: TrialOutcome, verdict: Verdict | None,
             row[key] = int(interval) if key == "repeats" and interval is not None else interval
     row.update(ctx.provenance or {})
     row.update(ctx.fleet or {})
+    row.update(ctx.prediction or {})
     row["stopped_early"] = "; ".join(s.stopped for s in outcome.steps if s.stopped) or None
     row.update(saturation_values([s.saturation for s in outcome.steps if not s.screening]))
     if outcome.quality is not None:

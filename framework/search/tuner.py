@@ -160,6 +160,8 @@ def _sampler(name: str, space: SearchSpace, seed: int, startup_trials: int,
                                    grid_points(space) if space.conditional else None)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
+    if name == "gp":  # Gaussian process; constraint-aware through Trial.set_constraint
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials)
     raise ValueError(f"unknown sampler {name!r}")
 
 
@@ -309,12 +311,17 @@ class Tuner:
         return sum(1 for t in self.study.get_trials(deepcopy=False)
                    if INTERLEAVED_ATTR in t.user_attrs)
 
+    def tried(self) -> list[dict[str, Scalar]]:
+        """The parameters of every trial of the study, run or queued."""
+        with self._lock:
+            return [dict(t.params or t.system_attrs.get("fixed_params", {}))
+                    for t in self.study.get_trials(deepcopy=False)]
+
     def enqueue_new(self, candidates: Sequence[Mapping[str, Scalar]]) -> int:
         """Queue the candidates no trial of the study has run or queued (same parameters);
         they are asked next, in order. Returns how many were queued."""
         with self._lock:
-            seen = [t.params or t.system_attrs.get("fixed_params", {})
-                    for t in self.study.get_trials(deepcopy=False)]
+            seen = self.tried()
             fresh = [dict(c) for c in candidates if dict(c) not in seen]
             for params in fresh:
                 self.study.enqueue_trial(params)

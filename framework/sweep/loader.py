@@ -33,6 +33,7 @@ from framework.engine.feasibility import check
 from framework.engine.feasibility import check_cpu
 from framework.engine.feasibility import read_model_facts
 from framework.engine.model_info import read_model_info
+from framework.engine.predictor import PREDICTORS
 from framework.fleet.columns import Target
 from framework.fleet.prices import Price
 from framework.fleet.prices import resolve_price
@@ -129,6 +130,9 @@ def load(path: Path, check_flags: bool = True) -> Sweep:
         check_autoscaling_config(path, spec.cluster.autoscaling_config)
     if spec.gpu is not None and spec.gpu not in GPUS:
         raise ConfigError(str(path), "gpu", spec.gpu, f"unknown GPU; known: {', '.join(GPUS)}")
+    if spec.search.prior is not None and spec.search.prior not in PREDICTORS:
+        raise ConfigError(str(path), "search.prior", spec.search.prior,
+                          f"unknown predictor; known: {', '.join(PREDICTORS)}")
     if not (spec.model / "config.json").is_file():
         raise ConfigError(str(path), "model", str(spec.model),
                           "no config.json there (for the quickstart model run `make model`)")

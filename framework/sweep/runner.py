@@ -57,9 +57,13 @@ from framework.results.rows import trial_row
 from framework.results.workload_rows import workload_columns
 from framework.results.workload_rows import workload_rows
 from framework.search.tuner import Evaluation
-from framework.search.tuner import Proposal
 from framework.search.tuner import Tuner
+from framework.sweep.follow_ups import queue_corrected
+from framework.sweep.follow_ups import queue_retry
+from framework.sweep.follow_ups import queue_siblings
 from framework.sweep.loader import Sweep
+from framework.sweep.prior import off_reason as prior_off
+from framework.sweep.prior import sweep_prior
 from framework.sweep.quality_gate import QualityGate
 from framework.sweep.remeasure import queue_confirmations
 from framework.sweep.remeasure import queue_end_runs
@@ -135,6 +139,9 @@ class Runner:
         self._gate = gate or (ShareGate() if spec.cluster.start_ahead else OPEN)
         self._pool = ServerPool(spec.server.reuse, console.print, gate=self._gate)
         self._quality = QualityGate(sweep)  # the quality probe: which trials, the reference
+        self._prior = sweep_prior(sweep)  # search.prior: predictions (sweep.prior)
+        if spec.search.prior is not None and self._prior is None:
+            console.print(f"search.prior {spec.search.prior} is off: {prior_off(sweep)}")
         self.provenance = provenance(spec, launcher.node_resources())
         self._limit = spec.concurrent_trials or 256
         # run settings in the space: trials that differ only in them can share a server, which
@@ -316,10 +323,11 @@ class Runner:
             row = self._record(plan, outcome, running.feasibility, running.log_path)
             self._pool.settle(p.number, plan.server_key, outcome.argv, running.log_path)
             self.store.publish_logs()  # the logs of the servers stopped since
-            self._queue_siblings(p, outcome)
+            queue_siblings(self.sweep, self.tuner, p, outcome)
+            queue_corrected(self._prior, self.tuner, p, row)
             loop.progress.trial_finished(row, self._ttft_key, self._tpot_key)
             loop.done += 1
-            if self._retry(p, row):
+            if queue_retry(self.spec, self.tuner, p, row):
                 loop.target += 1
                 loop.progress.total = loop.target
                 loop.progress.note(f"  trial {p.number}: its node died; queued once more")
@@ -360,8 +368,9 @@ class Runner:
                            server_log=self.store.where(server_log or self.store.log_path(p.number)),
                            feasibility=feas, sla=self.spec.sla, provenance=self.provenance,
                            confirmation_of=p.confirm_of, startup_levers=plan.levers,
-                           shape=plan.shape_label,
-                           fleet=j.fleet)
+                           shape=plan.shape_label, fleet=j.fleet,
+                           prediction=self._prior.columns(p.params, p.is_baseline)
+                           if self._prior else None)
         row = trial_row(ctx, outcome, verdict, self.columns, intervals)
         ev = Evaluation(
             objective=(verdict.values if len(verdict.values) > 1 else verdict.objective)
@@ -390,24 +399,6 @@ class Runner:
         self.store.write_requests(number, [], REQUEST_COLUMNS)
         self.store.write_trial(trial_row(ctx, outcome, None, self.columns), self.columns)
 
-    def _queue_siblings(self, p: Proposal, outcome: TrialOutcome) -> None:
-        """server.reuse with a model-guided sampler: a trial that started a server and measured
-        on it is followed by its configuration at the other values of its discrete run
-        settings, which then run on that server (the grid sampler orders its walk instead)."""
-        if (self.spec.server.reuse and self.spec.search.sampler != "grid"
-                and not outcome.server_reused and p.confirm_of is None and not p.is_baseline
-                and outcome.fail_reason in (None, "pruned")):
-            self.tuner.enqueue_new(self.sweep.space.siblings(p.params))
-
-    def _retry(self, p: Proposal, row: dict) -> bool:
-        """Queue a node_lost trial's configuration again, once, if the sweep asks for it."""
-        if row["fail_reason"] != "node_lost" or not self.spec.cluster.retry_node_lost:
-            return False
-        if p.retry_of is not None:
-            return False
-        self.tuner.enqueue_retry(p.params, p.is_baseline, p.number)
-        return True
-
     def recover(self) -> None:
         """Close trials an earlier, killed driver left RUNNING (told from what it stored, or
         FAIL(interrupted) and re-queued if the sweep says so), then queue the baseline.
@@ -425,6 +416,8 @@ class Runner:
                                f"FAIL(interrupted){'; queued to run again' if requeue else ''}")
         if self.spec.search.baseline:
             self.tuner.enqueue_baseline(self.sweep.space.defaults())
+        if self._prior is not None:  # the predicted top k, after the baseline
+            self.tuner.enqueue_new(self._prior.first(self.spec.search.prior_top_k))
 
     def summary(self) -> None:
         spec = self.spec

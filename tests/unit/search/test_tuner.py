@@ -416,3 +416,23 @@ def test_configuration_failures_steer_the_search_away_and_infrastructure_ones_do
     # failure, which is not held against the configuration) it keeps sampling it as if new
     assert learned < plain / 2, (learned, plain)
     assert infra > learned, (infra, learned)
+
+
+def test_the_gp_sampler_is_optunas_and_takes_the_constraints(tmp_path):
+    """`sampler: gp` is Optuna's GPSampler, which reads the constraints set on each trial
+    (Trial.set_constraint): a study of feasible and infeasible trials asks on, in the space,
+    and its best feasible trial is the one Optuna reports."""
+    import optuna
+
+    tuner = Tuner(tmp_path / "j", "gp", SPACE, ["maximize"], "gp", seed=0, startup_trials=3,
+                  constraint_keys=["p99_ttft_ms"])
+    assert isinstance(tuner.study.sampler, optuna.samplers.GPSampler)
+    for _ in range(5):  # 3 start-up trials, then 2 of the Gaussian process
+        p = tuner.ask()
+        assert_in_space(p.params)
+        seqs = int(p.params["max-num-seqs"])
+        tuner.tell(p, ok(float(seqs), p99_ttft_ms=1.0 if seqs > 64 else -0.5))
+    feasible = [t for t in tuner.study.trials if t.params["max-num-seqs"] <= 64]
+    assert [p for p in tuner.tried()] == [t.params for t in tuner.study.trials]
+    assert feasible and all(t.constraints == {"p99_ttft_ms": -0.5, "feasibility": 0.0}
+                            for t in feasible)
