@@ -29,7 +29,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 GPU_VENV := .venv-gpu
 
-.PHONY: install model samples browser postgres demo lint check test test-serial test-gpu clean
+.PHONY: install model sim-model samples browser postgres demo lint check test test-serial test-gpu clean
 
 install: $(STAMP)
 
@@ -43,6 +43,16 @@ model: $(MODEL)/config.json
 
 $(MODEL)/config.json: $(STAMP) framework/tools/tiny_model.py
 	$(BIN)/vllm-sweep build-model $(MODEL) --force
+
+# sweeps/llama70b_sim.yaml's model folder: the 70B's architecture (config.json) and the tiny
+# model's tokenizer, which the load generator and the simulated GPU engine count tokens with.
+SIM_MODEL := models/llama70b-sim
+sim-model: $(SIM_MODEL)/config.json
+
+$(SIM_MODEL)/config.json: $(MODEL)/config.json model_configs/deepseek-r1-distill-llama-70b/config.json
+	mkdir -p $(SIM_MODEL)
+	cp $(MODEL)/tokenizer.json $(SIM_MODEL)/tokenizer.json
+	cp model_configs/deepseek-r1-distill-llama-70b/config.json $@
 
 # The timed-trace samples sweeps/trace_replay.yaml replays (datasets/mooncake_sample.jsonl,
 # datasets/azure_sample.csv): made by project code, shipped, and checked equal to its output.
@@ -68,14 +78,14 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-check: lint model postgres
+check: lint model sim-model postgres
 	$(BIN)/python -m pytest -ra tests/unit $(IN_LANES)
 
-test: lint model browser postgres
+test: lint model sim-model browser postgres
 	$(BIN)/python -m pytest -ra --durations=25 $(IN_LANES)
 
 # One lane, in the same order: to read a failure's output in sequence.
-test-serial: lint model browser postgres
+test-serial: lint model sim-model browser postgres
 	$(BIN)/python -m pytest -ra --durations=25
 
 # Real-GPU tests for the first user with GPUs: the CUDA build of vLLM in its own venv, then

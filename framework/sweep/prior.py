@@ -66,15 +66,22 @@ def off_reason(sweep: Sweep) -> str | None:
 class Prior:
     """One sweep's predictions, each configuration predicted once (cached)."""
 
-    def __init__(self, sweep: Sweep, model: Predictor) -> None:
+    def __init__(self, sweep: Sweep, model: Predictor,
+                 cache: dict[str, Prediction | None] | None = None) -> None:
+        """`cache`: predictions to share with another Prior of the same sweep files and model."""
         self.sweep, self.model = sweep, model
         w = sweep.spec.workload
         self.load = PredictedLoad(input_len=w.input_len, output_len=w.output_len,
                                   num_prompts=w.num_prompts, max_concurrency=w.max_concurrency,
                                   request_rate=w.request_rate, percentiles=w.percentiles)
-        self._cache: dict[str, Prediction | None] = {}
+        self._cache: dict[str, Prediction | None] = {} if cache is None else cache
         self._seen: list[tuple[dict[str, Scalar], Prediction, Mapping[str, object]]] = []
         self._refits = 0
+
+    @property
+    def cache(self) -> dict[str, Prediction | None]:
+        """Its predictions so far, by trial flags: for another Prior of the same sweep."""
+        return self._cache
 
     def deployment(self, flags: Mapping[str, Scalar | None]) -> Deployment:
         """The predictor's view of a trial's flags (vLLM's defaults where unset)."""
