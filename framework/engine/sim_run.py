@@ -102,7 +102,8 @@ def simulate(requests: Sequence[SimRequest], limits: Limits, step_time: StepTime
     a closed loop) max(arrival_s, the time the slot it takes was freed by a finished request),
     at most N in flight, in arrival order. TTFT = first token - send; E2E = last token - send.
     `fast_forward`: runs of pure-decode steps in one go (Scheduler.decode_stretch), the same
-    outcome as step by step (tests/unit/engine/test_step_sim.py), some 10x faster.
+    outcome as step by step (tests/unit/engine/test_step_sim.py), 2-5x faster (benchmarks/
+    prediction_speed.py).
     """
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")

@@ -417,7 +417,7 @@ class Runner:
         if self.spec.search.baseline:
             self.tuner.enqueue_baseline(self.sweep.space.defaults())
         if self._prior is not None:  # the predicted top k, after the baseline
-            self.tuner.enqueue_new(self._prior.first(self.spec.search.prior_top_k))
+            self._prior.queue_first(self.tuner, self.console.print)
 
     def summary(self) -> None:
         spec = self.spec
