@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import random
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -193,28 +194,36 @@ async def gauges(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
 ])
 def test_streamed_tokens_arrive_when_simulate_says(flags, prompts, outputs):
     """The requests are queued while the steps are held (their response headers come after
-    they are queued, so they queue in order), then released together: the simulation of the
-    same requests all arriving at 0, with the same truth, gives each token's time. Measured
-    from the first token seen, each request's first token and its TPOT agree within half the
-    shortest step: a token one step off would be off by a whole step."""
+    they are queued, so they queue in order), then released together: the live engine runs
+    exactly the steps the simulation of the same requests, all arriving at 0, runs (the same
+    shapes in the same order), each request gets its tokens, and the whole run lasts at least
+    the steps' summed time (each step sleeps its time; a lower bound, which a slow machine
+    cannot break: no wall-clock tolerance is asserted)."""
     args = args_of("--model", "fake", *flags)
     spec = '{"predictor": "analytic", "gpu": "H200-141GB", "error": 0.3, "seed": 2, ' \
            '"noise_cv": 0, "step_cv": 0}'
     limits = sim_limits(args, "H200-141GB")
-    steps_ms: list[float] = []
+    expected_shapes: list[StepShape] = []
     truth = truth_step_time(live_model, sim_config(args, limits), 0.3, 2)
 
     def recorded(step: StepShape) -> float:
-        steps_ms.append(truth(step))
-        return steps_ms[-1]
+        expected_shapes.append(step)
+        return truth(step)
 
     expected = simulate([SimRequest(0.0, count_words(p), n) for p, n in zip(prompts, outputs)],
-                        limits, recorded)
-    tolerance_s = min(steps_ms) / 2 / 1000
+                        limits, recorded, fast_forward=False)
+    live_shapes: list[StepShape] = []
 
     async def scenario() -> None:
         paused = [True]
         pacing = sim_pacing(spec, args, lambda: paused[0], lambda *_: live_model, random.Random(0))
+        stepping = pacing.step_time
+
+        def recording(step: StepShape) -> float:
+            live_shapes.append(step)
+            return stepping(step)
+
+        pacing.step_time = recording
         async with served(fake_engine.build_app(args, pacing, set())) as url, \
                 aiohttp.ClientSession() as session:
             responses = [await session.post(f"{url}/v1/completions",
@@ -223,16 +232,15 @@ def test_streamed_tokens_arrive_when_simulate_says(flags, prompts, outputs):
             queued = await gauges(session, url)
             assert (queued["vllm:num_requests_waiting"], queued["vllm:num_requests_running"]) == \
                 (len(prompts), 0)
+            released = time.monotonic()
             paused[0] = False
             streams = await asyncio.gather(*(token_times(r) for r in responses))
+            elapsed = time.monotonic() - released
             after = await gauges(session, url)
         assert [len(times) for times, _ in streams] == outputs
         assert [usage["prompt_tokens"] for _, usage in streams] == [count_words(p) for p in prompts]
-        start = min(times[0] for times, _ in streams)
-        sim_start = min(expected.ttft_s)
-        for (times, _), ttft, tpot in zip(streams, expected.ttft_s, expected.tpot_s):
-            assert times[0] - start == pytest.approx(ttft - sim_start, abs=tolerance_s)
-            assert (times[-1] - times[0]) / (len(times) - 1) == pytest.approx(tpot, abs=tolerance_s)
+        assert live_shapes == expected_shapes
+        assert elapsed >= sum(truth(s) for s in expected_shapes) / 1000
         assert after["vllm:num_preemptions_total"] == expected.preemptions
         assert after["vllm:generation_tokens_total"] == sum(outputs)
         assert (after["vllm:num_requests_running"], after["vllm:num_requests_waiting"],
