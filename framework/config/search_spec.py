@@ -28,7 +28,8 @@ DATABASES = ("postgresql", "mysql", "sqlite")
 
 
 class SearchSpec(_Spec):
-    """How Optuna searches. `sampler`: tpe (default; multivariate, constraint-aware), random,
+    """How Optuna searches. `sampler`: tpe (default; on the GPU engine gp, or tpe with a
+    `prior`: SweepSpec._gpu_sampler; multivariate, constraint-aware), random,
     grid (every combination of a small discrete space, then stops), nsga2 (multi-objective
     evolutionary), gp (Optuna's Gaussian-process sampler, constraint-aware).
     `learn_from_failures`: configuration failures (infeasible, invalid_args, oom_at_startup,
@@ -66,8 +67,9 @@ class SearchSpec(_Spec):
     `prior`: a predictor (engine/predictor.py, e.g. `aiconfigurator`) whose predicted top
     `prior_top_k` feasible configurations run first, after the baseline (Optuna's
     enqueue_trial); every row then carries the prediction beside the measurement. A prediction
-    never decides a verdict: only measurements do. `prior_refit_every: n` (0: never): after
-    every n measured trials, the predictions are corrected by what this cluster measured so
+    never decides a verdict: only measurements do. `prior_refit_every: n` (default 2, the
+    best strategy of benchmarks/search_quality.py; 0: never): after every n measured trials,
+    the predictions are corrected by what this cluster measured so
     far (engine/correction.py) and the best untried configuration under the corrected
     prediction runs next.
     `storage`: where the Optuna study lives: by default a journal file beside the results
@@ -99,7 +101,7 @@ class SearchSpec(_Spec):
     storage: str | None = None
     prior: str | None = None  # a predictor's name (engine.predictor.PREDICTORS), checked at load
     prior_top_k: int = Field(default=3, ge=1, le=50)
-    prior_refit_every: int = Field(default=0, ge=0, le=100)
+    prior_refit_every: int = Field(default=2, ge=0, le=100)
 
     @field_validator("storage")
     @classmethod

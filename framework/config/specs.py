@@ -308,6 +308,20 @@ class SweepSpec(_Spec):
 
     @model_validator(mode="before")
     @classmethod
+    def _gpu_sampler(cls, data: Any) -> Any:
+        """On the GPU engine, `search.sampler` defaults to `gp` (Optuna's Gaussian process),
+        or to `tpe` with `search.prior` (the prior's top k, then TPE with the refitted
+        prediction): the strategies that reached 3% of the optimum soonest on GPU-scale spaces
+        (benchmarks/search_quality.py, docs/BENCHMARKS.md). Elsewhere SearchSpec's `tpe`."""
+        if not isinstance(data, dict) or data.get("engine") != "gpu":
+            return data
+        search = data.get("search") or {}
+        if isinstance(search, dict) and "sampler" not in search:
+            return {**data, "search": {**search, "sampler": "tpe" if search.get("prior") else "gp"}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _first_workload(cls, data: Any) -> Any:
         """With `workloads:`, `workload` is the first of them (what reads one workload sees);
         both in one file is an error."""

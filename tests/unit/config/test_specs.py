@@ -13,6 +13,7 @@ from framework.base.errors import ConfigError
 from framework.base.vocabulary import is_latency_metric
 from framework.config.search_space import load_search_space
 from framework.config.specs import SearchSpec
+from framework.config.specs import SweepSpec
 from framework.config.specs import load_sweep
 from tests.paths import ROOT as REPO
 
@@ -329,3 +330,16 @@ def test_an_unknown_gpu_is_one_line_naming_the_known_ones(tmp_path, tiny_model):
     with pytest.raises(ConfigError, match=r"gpu: 'A100-96GB': unknown GPU; known: .*A100-80GB") as err:
         sweep_mod.load(path, check_flags=False)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("engine, search, sampler", [
+    ("gpu", {}, "gp"),  # benchmarks/search_quality.py: GP before TPE on GPU-scale spaces
+    ("gpu", {"prior": "aiconfigurator"}, "tpe"),  # the prior's top k, then TPE, refitted
+    ("gpu", {"sampler": "random"}, "random"),  # a given sampler stays
+    ("cpu", {}, "tpe"),
+    ("fake", {}, "tpe"),
+])
+def test_the_default_sampler_follows_the_engine_and_the_prior(engine, search, sampler):
+    spec = SweepSpec.model_validate({"name": "x", "model": "m", "search_space": "s.yaml",
+                                     "engine": engine, "search": search})
+    assert spec.search.sampler == sampler
