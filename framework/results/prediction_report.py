@@ -7,7 +7,8 @@
 - per flag: for the objective's metric, the mean ln(measured / predicted) at each value of a
   parameter; the flags whose values differ most are where the model was wrong;
 - the per-cluster correction (engine/correction.py), judged leave-one-out: each trial's
-  prediction corrected by a fit on the other trials, its MAPE beside the raw one.
+  prediction corrected by a fit on the other trials, its MAPE beside the raw one;
+- the predictor's memory per GPU (weights, KV space) against our memory model's.
 Pure: trial rows in, numbers and HTML out.
 """
 
@@ -95,6 +96,25 @@ def corrected_loo(trials: pd.DataFrame, metric: str) -> tuple[float, float] | No
     return None if raw is None or loo is None else (raw, loo)
 
 
+MEMORY_PAIRS = (("predicted_weights_gib_per_gpu", "est_weights_gib_per_gpu", "weights"),
+                ("predicted_kv_gib_per_gpu", "est_kv_budget_gib_per_gpu", "KV cache space"))
+
+
+def memory_check(trials: pd.DataFrame) -> list[tuple[str, int, float]]:
+    """The predictor's memory model against ours (engine/memory_model.py), per GPU: for weights
+    and KV space, (what, trials, median predictor / ours) over the trials both estimated (> 0)."""
+    out = []
+    for theirs, ours, what in MEMORY_PAIRS:
+        if trials.empty or theirs not in trials.columns or ours not in trials.columns:
+            continue
+        a, b = pd.to_numeric(trials[theirs], errors="coerce"), pd.to_numeric(trials[ours],
+                                                                            errors="coerce")
+        keep = (a > 0) & (b > 0)
+        if keep.any():
+            out.append((what, int(keep.sum()), float((a[keep] / b[keep]).median())))
+    return out
+
+
 def prediction_section(trials: pd.DataFrame, objective: str) -> str:
     """The section's HTML, or a sentence when the sweep has no predictions."""
     found = errors(trials)
@@ -122,6 +142,12 @@ def prediction_section(trials: pd.DataFrame, objective: str) -> str:
             text = ", ".join(f"{html.escape(v)}: {math.exp(x):.2f}x" for v, x in means.items())
             lines.append(f"<li><code>{html.escape(name)}</code>: {text}</li>")
         lines.append("</ul>")
+    memory = memory_check(trials)
+    if memory:
+        lines.append("<p>Memory per GPU, the predictor's model against ours (the feasibility "
+                     "model's <code>est_</code> columns): " + "; ".join(
+                         f"{what} {ratio:.2f}x ours (median of {n} trials)"
+                         for what, n, ratio in memory) + ".</p>")
     loo = corrected_loo(trials, metric)
     if loo is not None:
         lines.append(f"<p>Per-cluster correction (fitted on this sweep's measurements, judged "

@@ -1,6 +1,6 @@
 """Predicted, then measured (issue #37's acceptance), on the GPU-scale proving ground: a sweep
 of Llama-3.1-70B (its config.json as AIConfigurator ships it) on an emulated cluster of 2 nodes
-x 8 fake H100s, served by the simulated GPU engine (FakeEngine with FAKE_ENGINE_SIM: its step
+x 8 fake H200s, served by the simulated GPU engine (FakeEngine with FAKE_ENGINE_SIM: its step
 times are AIConfigurator's x the truth's per-configuration error field, engine/sim_truth.py;
 a FAKE, named so, under the real Ray placement), with `search.prior: aiconfigurator`:
 - the trials after the baseline are the predicted top k, in the prior's order (computed here by
@@ -35,7 +35,8 @@ pytestmark = pytest.mark.server
 aiconfigurator_core = pytest.importorskip("aiconfigurator_core")
 
 TOP_K = 3
-SIM = {"predictor": "aiconfigurator", "gpu": "H100-80GB", "error": 0.3, "seed": 1,
+GPU = "H200-141GB"  # holds a 70B at TP 2: few placeholder workers a trial (each a Ray worker)
+SIM = {"predictor": "aiconfigurator", "gpu": GPU, "error": 0.3, "seed": 1,
        "noise_cv": 0.02}
 
 
@@ -53,13 +54,13 @@ def llama70b(tiny_model, short_tmp) -> Path:
 
 def _sweep(folder: Path, model: Path, address: str, name: str, sim: bool) -> Path:
     """`sim`: the simulated engine and a baseline; else plain FakeEngine latencies, no baseline,
-    and only the TPs that fit (every trial measured)."""
+    3 trials at TP 2 (every trial measured, as few placeholder workers as a 70B allows)."""
     space = folder / f"{name}-space.yaml"
     space.write_text(yaml.safe_dump({"parameters": {
-        # vLLM's defaults are choices (the baseline's); TP 1 and 2 do not fit a 70B on H100s
-        # (weights; one 128k-token sequence): the feasibility model rules them out
-        "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4, 8] if sim else [4, 8],
-                                 "default": 1 if sim else 4},
+        # vLLM's defaults are choices (the baseline's); TP 1 cannot hold a 70B's 141 GB on an
+        # H200: the feasibility model rules it out before launch
+        "tensor-parallel-size": {"type": "categorical", "choices": [1, 2, 4] if sim else [2],
+                                 "default": 1 if sim else 2},
         "max-num-seqs": {"type": "categorical", "choices": [4, 32, 1024], "default": 1024},
         "kv-cache-dtype": {"type": "categorical", "choices": ["auto", "fp8"], "default": "auto"},
     }}, sort_keys=False))
@@ -69,7 +70,7 @@ def _sweep(folder: Path, model: Path, address: str, name: str, sim: bool) -> Pat
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
         "name": name, "model": str(model), "search_space": str(space), "engine": "fake",
-        "gpu": "H100-80GB",
+        "gpu": GPU,
         "server": {"host": "node", "env": env},
         "workload": {"dataset": "random", "num_prompts": 16, "input_len": 256, "output_len": 32,
                      "max_concurrency": 8, "warmup_requests": 0, "request_timeout_s": 120},
@@ -77,7 +78,8 @@ def _sweep(folder: Path, model: Path, address: str, name: str, sim: bool) -> Pat
         "sla": {"p99_tpot_ms": 1000},
         # the baseline (vLLM's defaults: TP 1, which a 70B cannot fit: INFEASIBLE before launch),
         # the prior's top 3, then TPE
-        "search": {**NO_REMEASURE, "sampler": "tpe", "n_trials": 5, "seed": 0, "baseline": sim,
+        "search": {**NO_REMEASURE, "sampler": "tpe", "n_trials": 5 if sim else 3, "seed": 0,
+                   "baseline": sim,
                    "prior": "aiconfigurator", "prior_top_k": TOP_K},
         "cluster": {"address": address, "max_concurrent_trials": 2},
         "results_dir": str(folder / "results"),
@@ -103,7 +105,8 @@ def test_a_70b_sweep_on_2x8_simulated_gpus_starts_from_the_prior_and_reports_its
     address, marker = two_by_eight
     path = _sweep(short_tmp, llama70b, address, "sim70b", sim=True)
     res = cli_in_process("validate", str(path), cwd=short_tmp)
-    assert res.returncode == 0 and "search.prior aiconfigurator: on" in res.stdout, res.stdout
+    assert res.returncode == 0 and f"search.prior aiconfigurator: on (GPU {GPU})" in res.stdout, \
+        res.stdout
 
     res = cli_joined(["run", str(path)], short_tmp, marker, short_tmp)
     assert res.returncode in (0, 4), res.stdout[-4000:] + res.stderr[-4000:]
@@ -134,6 +137,7 @@ def test_a_70b_sweep_on_2x8_simulated_gpus_starts_from_the_prior_and_reports_its
     assert "<table id='prediction'>" in section
     for metric in ("output_throughput", "p99_tpot_ms"):
         assert f"<td>{metric}</td>" in section
+    assert "Memory per GPU, the predictor's model against ours" in section  # both estimated
 
     # without the extra: validate says the prior is off, and a sweep runs unchanged
     monkeypatch.setitem(sys.modules, "aiconfigurator_core", None)
@@ -145,6 +149,6 @@ def test_a_70b_sweep_on_2x8_simulated_gpus_starts_from_the_prior_and_reports_its
     assert res.returncode in (0, 4), res.stdout[-4000:] + res.stderr[-4000:]
     assert "search.prior aiconfigurator is off" in res.stdout
     rows = read_trials(short_tmp / "results", "plain70b")
-    assert len(rows) == 5 and rows["predicted_output_throughput"].isna().all()
+    assert len(rows) == 3 and rows["predicted_output_throughput"].isna().all()
     assert rows["predictor"].isna().all()
     assert (rows["state"] == "COMPLETE").all() and (rows["output_throughput"] > 0).all()

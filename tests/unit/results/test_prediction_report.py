@@ -11,6 +11,7 @@ import pytest
 from framework.results.prediction_report import corrected_loo
 from framework.results.prediction_report import errors
 from framework.results.prediction_report import flag_errors
+from framework.results.prediction_report import memory_check
 from framework.results.prediction_report import prediction_section
 
 
@@ -57,3 +58,17 @@ def test_the_section_says_when_there_is_nothing_to_show():
     html = prediction_section(_rows(), "output_throughput")
     assert "<td>output_throughput</td>" in html and "kv_cache_dtype" in html
     assert "leave-one-out" in html
+
+
+def test_the_predictors_memory_is_set_beside_ours():
+    rows = pd.DataFrame([
+        {"predicted_weights_gib_per_gpu": 33.0, "est_weights_gib_per_gpu": 30.0,
+         "predicted_kv_gib_per_gpu": 30.0, "est_kv_budget_gib_per_gpu": 40.0},
+        {"predicted_weights_gib_per_gpu": 16.5, "est_weights_gib_per_gpu": 15.0,
+         "predicted_kv_gib_per_gpu": -2.0, "est_kv_budget_gib_per_gpu": 10.0},  # no room: out
+        {"predicted_weights_gib_per_gpu": None, "est_weights_gib_per_gpu": 15.0},
+    ])
+    # weights 33/30 = 16.5/15 = 1.1; KV only the first trial, 30/40
+    assert memory_check(rows) == [("weights", 2, pytest.approx(1.1)),
+                                  ("KV cache space", 1, pytest.approx(0.75))]
+    assert memory_check(pd.DataFrame()) == []
