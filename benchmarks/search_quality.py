@@ -55,12 +55,14 @@ from record import uptime
 
 from framework.base.vocabulary import Scalar
 from framework.config.search_space import configurations
+from framework.engine.prediction import limits_of
 from framework.engine.predictor import Deployment
 from framework.engine.predictor import MemoryEstimate
 from framework.engine.predictor import Predictor
 from framework.engine.predictor import predictor
 from framework.engine.sim_truth import RUN_CV
 from framework.engine.sim_truth import lognormal_factor
+from framework.engine.sim_truth import truth_config
 from framework.engine.sim_truth import truth_step_time
 from framework.engine.step_time import StepTime
 from framework.search.tuner import Evaluation
@@ -122,11 +124,8 @@ class Truth:
         return self.model.supports(d)
 
     def step_time(self, d: Deployment) -> StepTime:
-        config = {"tensor-parallel-size": d.tensor_parallel,
-                  "pipeline-parallel-size": d.pipeline_parallel,
-                  "max-num-seqs": d.batch_limits()[1], "max-num-batched-tokens": d.batch_limits()[0],
-                  "enable-chunked-prefill": d.enable_chunked_prefill,
-                  "kv-cache-dtype": d.kv_cache_dtype}
+        config = truth_config(d.tensor_parallel, d.pipeline_parallel, limits_of(d, None),
+                              d.kv_cache_dtype)
         return truth_step_time(self.model.step_time(d), config, self.error, self.seed)
 
     def memory(self, d: Deployment) -> MemoryEstimate | None:

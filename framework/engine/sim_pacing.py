@@ -34,6 +34,7 @@ from framework.engine.predictor import Predictor
 from framework.engine.sim_truth import RUN_CV
 from framework.engine.sim_truth import STEP_CV
 from framework.engine.sim_truth import noisy
+from framework.engine.sim_truth import truth_config
 from framework.engine.sim_truth import truth_step_time
 from framework.engine.step_sim import Limits
 from framework.engine.step_sim import Scheduler
@@ -86,13 +87,9 @@ def sim_limits(args: argparse.Namespace, gpu: str) -> Limits:
 
 
 def sim_config(args: argparse.Namespace, limits: Limits) -> dict[str, object]:
-    """The configuration by flag name, as the truth's error field reads it (sim_truth.features)."""
-    return {"tensor-parallel-size": args.tensor_parallel_size or 1,
-            "pipeline-parallel-size": args.pipeline_parallel_size or 1,
-            "max-num-seqs": limits.max_num_seqs,
-            "max-num-batched-tokens": limits.max_num_batched_tokens,
-            "enable-chunked-prefill": limits.chunked_prefill,
-            "kv-cache-dtype": args.kv_cache_dtype or "auto"}
+    """The server's configuration as the truth's error field reads it (sim_truth.truth_config)."""
+    return truth_config(args.tensor_parallel_size or 1, args.pipeline_parallel_size or 1, limits,
+                        args.kv_cache_dtype or "auto")
 
 
 # (spec, the server's flags, its limits) -> the performance model's StepTime for the deployment,

@@ -19,6 +19,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from framework.engine.step_sim import Limits
 from framework.engine.step_time import StepShape
 from framework.engine.step_time import StepTime
 
@@ -97,6 +98,16 @@ def error_factor(config: Mapping[str, object], error_size: float, seed: int, kin
     if error_size == 0:
         return 1.0
     return math.exp(_scale(error_size, seed, kind) * field(config, seed, kind))
+
+
+def truth_config(tensor_parallel: int, pipeline_parallel: int, limits: Limits,
+                 kv_cache_dtype: str) -> dict[str, object]:
+    """A deployment as the error field reads it (`features`): its flags by name, the batch
+    limits and chunked prefill as its scheduler runs them."""
+    return {"tensor-parallel-size": tensor_parallel, "pipeline-parallel-size": pipeline_parallel,
+            "max-num-seqs": limits.max_num_seqs,
+            "max-num-batched-tokens": limits.max_num_batched_tokens,
+            "enable-chunked-prefill": limits.chunked_prefill, "kv-cache-dtype": kv_cache_dtype}
 
 
 @dataclass(frozen=True)

@@ -103,12 +103,17 @@ class Prior:
                           enable_chunked_prefill=flags.get("enable-chunked-prefill") is not False,
                           **({} if util is None else {"gpu_memory_utilization": float(util)}))
 
+    def _flags(self, params: Mapping[str, Scalar], is_baseline: bool = False
+               ) -> dict[str, Scalar | None]:
+        """The vLLM flags a trial of `params` runs with (the sweep's fixed args included)."""
+        spec = self.sweep.spec
+        return trial_flags(spec.server.args, self.sweep.space.server_params(params), is_baseline)
+
     def of(self, params: Mapping[str, Scalar], is_baseline: bool = False) -> Prediction | None:
         """The prediction of one configuration (None: the predictor cannot serve its deployment,
         or a prefill/decode shape, which it does not model)."""
-        space, spec = self.sweep.space, self.sweep.spec
-        flags = trial_flags(spec.server.args, space.server_params(params), is_baseline)
-        settings = space.shape_settings(params)
+        flags = self._flags(params, is_baseline)
+        settings = self.sweep.space.shape_settings(params)
         key = repr((sorted(flags.items()), sorted(settings.items())))
         if key not in self._cache:
             self._cache[key] = self._predict(flags, settings)
@@ -125,9 +130,8 @@ class Prior:
         return predict(self.model, d, self.load, engines=engines)
 
     def devices(self, params: Mapping[str, Scalar]) -> int:
-        space, spec = self.sweep.space, self.sweep.spec
-        flags = trial_flags(spec.server.args, space.server_params(params), False)
-        return shape_of(flags).devices * shape_setting(space.shape_settings(params), "replicas")
+        return shape_of(self._flags(params)).devices * \
+            shape_setting(self.sweep.space.shape_settings(params), "replicas")
 
     def candidates(self) -> list[dict[str, Scalar]]:
         """The space's configurations at coarse values; a seeded sample of MAX_CANDIDATES
@@ -155,8 +159,7 @@ class Prior:
             got = metrics.get(key)
             if got is not None and not is_lower_bound(key) and got > limit:
                 return None
-        flags = trial_flags(spec.server.args, self.sweep.space.server_params(params), False)
-        feas = feasibility(self.sweep, flags, None)
+        feas = feasibility(self.sweep, self._flags(params), None)
         if feas is not None and not feas.ok:
             return None
         got = metrics.get(spec.objective.metric)
