@@ -56,6 +56,14 @@ RPC_BASE_VAR = "VLLM_RPC_BASE_PATH"  # vllm/envs.py; vllm/utils/network_utils.py
 # torch/_inductor/runtime/cache_dir_utils.py cache_dir(); its default is
 # `<temp dir>/torchinductor_<user>`, a name any local user can make first
 INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
+# torch/_inductor/config.py `cpp_cache_precompile_headers`. Torch precompiles its C++ kernel
+# header (~6 core-s) into `<temp dir>/torchinductor_<user>/precompiled_headers`
+# (codecache.py `_HEADER_DIR`, not under TORCHINDUCTOR_CACHE_DIR) before it loads any cached
+# CPU kernel (`CppCodeCache.load_async`), even one whose library is on disk; a server's temp
+# dir is its private run folder, so every vLLM CPU server start paid it. Off, a cached kernel
+# loads without it (its cache key is computed before the header is set: same libraries), and
+# a kernel not yet cached compiles with the full header.
+PRECOMPILE_HEADERS_VAR = "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"
 
 
 def devices_seen() -> dict:

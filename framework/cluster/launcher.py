@@ -30,6 +30,7 @@ from framework.base.errors import TrialError
 from framework.cluster.actors import CACHE_DIR_VAR
 from framework.cluster.actors import INDUCTOR_CACHE_VAR
 from framework.cluster.actors import OCCUPANCY_LOG_ENV
+from framework.cluster.actors import PRECOMPILE_HEADERS_VAR
 from framework.cluster.actors import ServerActor
 from framework.cluster.autoscaling import ScaleUp
 from framework.cluster.autoscaling import autoscaler_status
@@ -158,6 +159,7 @@ class RayLauncher:
         # and vLLM's Ray workers get this runtime_env too), not in a shared temp dir
         if env.get(CACHE_DIR_VAR) and INDUCTOR_CACHE_VAR not in env:
             env[INDUCTOR_CACHE_VAR] = env[CACHE_DIR_VAR].rstrip("/") + "/inductor"
+        env.setdefault(PRECOMPILE_HEADERS_VAR, "0")  # not once per server (actors.py)
         env[SESSION_VAR] = self.session
         if len(wanted) > 1 and self.engine == "cpu":  # vLLM's Ray executor on CPU bundles
             env.update({ENV_FLAG: "1", "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1",
