@@ -42,6 +42,7 @@ from framework.cluster.placement import Bundle
 from framework.cluster.placement import Layout
 from framework.cluster.placement import layout
 from framework.cluster.ports import claim_port
+from framework.cluster.run_cleanup import alive_nodes
 from framework.cluster.run_cleanup import clean_stale
 from framework.cluster.run_cleanup import remove_runs
 from framework.cluster.server import HeldDevices
@@ -118,6 +119,7 @@ class RayLauncher:
         # (driver_session), or one of the launcher's own when it runs without one
         self.session = os.environ.get(SESSION_VAR) or uuid.uuid4().hex
         self._nodes: set[str] = set()  # node ids where this run made its run folder
+        self._dead = ""  # a killed predecessor's session (clean_stale): its folders go at close too
         self._lock = threading.Lock()
         self._ports: set[tuple[str, int]] = set()
         self._active: dict[int, RayServer] = {}
@@ -275,12 +277,15 @@ class RayLauncher:
         """Before the first trial: on every alive node, end what still carries `dead_session`
         (a killed driver's, driver_session's `stale_session`) and remove the run folders that
         runs no longer alive left (cluster.run_cleanup); returns them as `<ip>: <name>`."""
+        self._dead = dead_session
         return clean_stale(self.session, dead_session)
 
     def close(self) -> None:
         """End the node zygotes (`warm_start`), then remove this run's folder on every node it
         used, but a private Ray's (RAY_DIR: RaySession's, once Ray is down); servers still
-        running are `stop_all`'s."""
+        running are `stop_all`'s. A killed predecessor's folders (`clean_stale`) are removed
+        again on every alive node: one its process was still writing in while it ended, or
+        that a slow node's clean did not reach in time, is gone by now."""
         try:
             if self._zygotes is not None:
                 self._zygotes.close()
@@ -288,6 +293,8 @@ class RayLauncher:
             with self._lock:
                 nodes = set(self._nodes)
             remove_runs(self.session, nodes, keep=[RAY_DIR])
+            if self._dead:
+                remove_runs(self._dead, alive_nodes())
 
     def stop_all(self) -> None:
         """Stop every server still running and every wait for placement (driver interrupted).

@@ -1,5 +1,6 @@
 """Run folders (framework/engine/run_folder.py) removed on every node: this run's at its end
-(`remove_runs`), and those a killed run left, by the next run (`clean_stale`).
+(`remove_runs`), and those a killed run left, by the next run (`clean_stale`, and again at
+that run's end: RayLauncher.close).
 
 A run's folder on a node is removed at its end by the launcher (every node it started a server
 or zygote on; a private Ray's own folder, RAY_DIR, by RaySession once Ray is down). A driver
@@ -93,12 +94,25 @@ def clean_node(own: str, dead: str, live: Sequence[str]) -> list[str]:
     removed = []
     for name in run_folder.stale(entries, run_folder.run_id(own), _run_id(dead),
                                  {*live, *carried_runs()}, time.time()):
-        try:
-            run_folder.remove(base / name)
-        except OSError:
-            continue
-        removed.append(name)
+        if _remove(base / name, dead):
+            removed.append(name)
     return removed
+
+
+def _remove(path: Path, dead: str) -> bool:
+    """Remove a stale run folder; True once it is gone. A process of the dead run that was
+    still ending may have written in it while it went (run_folder.remove leaves what is made
+    meanwhile): its session is reaped again and the folder removed once more."""
+    for _ in range(2):
+        try:
+            run_folder.remove(path)
+        except OSError:
+            return False
+        if not os.path.lexists(path):
+            return True
+        if dead:
+            reap_session(dead, grace_s=0)
+    return False
 
 
 def remove_run(session: str, keep: Sequence[str] = ()) -> None:
@@ -129,9 +143,14 @@ def on_nodes(fn: ray.remote_function.RemoteFunction, args: tuple, node_ids: Coll
     return results
 
 
+def alive_nodes() -> dict[str, str]:
+    """{node id: node ip} of the cluster's alive nodes."""
+    return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+
+
 def clean_stale(own: str, dead: str = "") -> list[str]:
     """Clean every alive node (`clean_node`); the run folders removed, as `<node ip>: <name>`."""
-    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    nodes = alive_nodes()
     results = on_nodes(_clean_node_remote, (own, dead, sorted(live_runs())), nodes)
     return [f"{nodes[node]}: {name}" for node, names in results.items() for name in names]
 
