@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from framework.cluster.ports import pick_port
+from framework.cluster.ray_session import START_ATTEMPTS
+from framework.cluster.ray_session import STARTUP_TIMEOUT
 from tests.procs import MARKER_VAR
 from tests.procs import new_marker
 from tests.procs import wait_no_marked_processes
@@ -50,14 +52,18 @@ def emulated_cluster(tmp: Path, nodes: list[dict], keep_env: bool = True):
     os.environ.pop("VLLM_TARGET_DEVICE", None)  # it would bypass vLLM platform plugins
     cluster = Cluster(shutdown_at_exit=True)
     try:
-        # no log monitor: nothing here forwards worker logs to a driver (the product's drivers
-        # say log_to_driver=False), and a long-lived head's monitor polling every log file
-        # cost ~94 core-s over the suite (docs/BENCHMARKS.md, session 13); later nodes have
-        # none already (ray.cluster_utils: one per physical host)
-        cluster.add_node(include_dashboard=False, include_log_monitor=False,
-                         **{"node_ip_address": HEAD_IP, **nodes[0]})
-        for node in nodes[1:]:
-            cluster.add_node(**node)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                _add_nodes(cluster, nodes)
+                break
+            except Exception as exc:
+                # Ray's own fixed 30 s for a raylet to register, missed on a loaded machine:
+                # started again, as the product's private Ray is (cluster/ray_session.py)
+                if attempt == START_ATTEMPTS or STARTUP_TIMEOUT not in str(exc):
+                    raise
+                cluster.shutdown()
+                wait_no_marked_processes(marker, timeout_s=0)  # what the failed start left
+                cluster = Cluster(shutdown_at_exit=True)
         cluster.wait_for_nodes(timeout=120)
         assert_loopback_nodes(cluster.address)
         if not keep_env:
@@ -70,6 +76,18 @@ def emulated_cluster(tmp: Path, nodes: list[dict], keep_env: bool = True):
         # which a starved CPU can make take longer than 45 s (s20burn: a head's ray::IDLE)
         left = wait_no_marked_processes(marker, timeout_s=SHUTDOWN_GUARD_S)
     assert left == [], left
+
+
+def _add_nodes(cluster: Any, nodes: list[dict]) -> None:
+    """`nodes` added to `cluster` (ray.cluster_utils.Cluster), the first as its head."""
+    # no log monitor: nothing here forwards worker logs to a driver (the product's drivers
+    # say log_to_driver=False), and a long-lived head's monitor polling every log file
+    # cost ~94 core-s over the suite (docs/BENCHMARKS.md, session 13); later nodes have
+    # none already (ray.cluster_utils: one per physical host)
+    cluster.add_node(include_dashboard=False, include_log_monitor=False,
+                     **{"node_ip_address": HEAD_IP, **nodes[0]})
+    for node in nodes[1:]:
+        cluster.add_node(**node)
 
 
 def assert_loopback_nodes(address: str) -> None:

@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +45,8 @@ from pathlib import Path
 
 import psutil
 
+from framework.cluster.ray_session import START_ATTEMPTS
+from framework.cluster.ray_session import STARTUP_TIMEOUT
 from tests.clusters import emulated_cluster
 from tests.clusters import free_ports
 from tests.procs import MARKER_VAR
@@ -212,6 +215,35 @@ def stop_node(node: IsolatedNode, timeout_s: float = 30.0) -> list[str]:
     return described
 
 
+def _start_node(address: str, parent: Path, folder: Path, ip: str, marker: str, num_cpus: int,
+                num_gpus: int, resources: Mapping[str, float], timeout_s: float,
+                base_env: Mapping[str, str]) -> IsolatedNode:
+    """One `ray start` of the node in a fresh `folder`, alive in the GCS; on any failure its
+    namespace is emptied and the error raised (its message has the node's console log)."""
+    folder.mkdir()  # an existing one: two nodes at one address
+    log_path = parent / f"{folder.name}.out"
+    (agent_port,) = free_ports(1)
+    argv = namespace_argv(parent, folder, ray_worker_argv(
+        address, ip, folder, num_cpus, num_gpus, resources, agent_port))
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, env=node_env(base_env, marker, folder), cwd=folder,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    node = None
+    try:
+        node = IsolatedNode(ip, folder, log_path, proc, *_first_process(proc, timeout_s), marker)
+        wait_for_node(address, node, timeout_s)
+        return node
+    except BaseException:
+        if node is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout_s)
+        else:
+            stop_node(node)
+        raise
+
+
 @contextlib.contextmanager
 def isolated_node(address: str, parent: Path, ip: str, marker: str, num_cpus: int = 1,
                   num_gpus: int = 0, resources: Mapping[str, float] | None = None,
@@ -221,29 +253,30 @@ def isolated_node(address: str, parent: Path, ip: str, marker: str, num_cpus: in
     mount and PID namespace, its folder `parent`/n<last octet of ip> (see the module's
     docstring); every process tagged with `marker`; its environment `node_env` of `base_env`
     (default: this process's). Yields once the GCS lists it alive; on exit, stops it
-    (`stop_node`) and asserts none of its processes is left."""
+    (`stop_node`) and asserts none of its processes is left. A `ray start` that misses Ray's
+    own fixed 30 s for a raylet to register (STARTUP_TIMEOUT, as the product's private Ray:
+    framework/cluster/ray_session.py) is started again in an emptied folder, up to
+    START_ATTEMPTS: a loaded machine is slower, never red."""
     folder = parent / f"n{ip.rsplit('.', 1)[1]}"
-    folder.mkdir()  # an existing one: two nodes at one address
-    log_path = parent / f"{folder.name}.out"
-    (agent_port,) = free_ports(1)
-    argv = namespace_argv(parent, folder, ray_worker_argv(
-        address, ip, folder, num_cpus, num_gpus, resources or {}, agent_port))
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, env=node_env(os.environ if base_env is None else base_env,
-                                                   marker, folder), cwd=folder,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    node = None
+    env = os.environ if base_env is None else base_env
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            node = _start_node(address, parent, folder, ip, marker, num_cpus, num_gpus,
+                               resources or {}, timeout_s, env)
+            break
+        except RuntimeError as exc:
+            if attempt == START_ATTEMPTS or STARTUP_TIMEOUT not in str(exc):
+                raise
+            shutil.rmtree(folder)
+            # a raylet that registered after its `ray start` gave up stays alive in the GCS
+            # until its health checks fail: the next start must not be taken for it
+            deadline = time.monotonic() + timeout_s
+            while ip in alive_node_ips(address) and time.monotonic() < deadline:
+                time.sleep(0.5)
     try:
-        node = IsolatedNode(ip, folder, log_path, proc, *_first_process(proc, timeout_s), marker)
-        wait_for_node(address, node, timeout_s)
         yield node
     finally:
-        if node is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=timeout_s)
-        left = [] if node is None else stop_node(node)
+        left = stop_node(node)
     assert left == [], left
 
 

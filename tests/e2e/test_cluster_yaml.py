@@ -28,9 +28,8 @@ from tests.clusters import free_ports
 from tests.clusters import ray_head_argv
 from tests.procs import new_marker
 from tests.procs import wait_no_marked_processes
-from tests.ray_start import start_node
+from tests.ray_start import start_up
 from tests.ray_start import stop_nodes
-from tests.ray_start import wait_started
 from tests.unit.test_cluster_yaml import cluster
 
 VENV = Path(sys.executable).parent.parent
@@ -170,7 +169,7 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
     head_log, worker_log = short_tmp / "head.out", short_tmp / "worker.out"
 
     try:
-        nodes.append(start_node(head_argv, head_env, head_log))
+        nodes.append(start_up(head_argv, head_env, head_log, timeout_s=180))
         wait_until("the dashboard", lambda: (http_get(f"{dashboard}/api/version", token)[0] == 200,
                                              "no answer"), 180, nodes)
         # A worker without the head's token is refused before it starts anything.
@@ -179,8 +178,8 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
                                  timeout=120)
         assert refused.returncode != 0, refused.stdout[-2000:]
         assert "token" in (refused.stdout + refused.stderr).lower()
-        nodes.append(start_node([*worker_argv, "--block"], worker_env, worker_log))
-        wait_started(nodes[1], worker_log, timeout_s=180)  # registered: 2 alive nodes
+        # registered: 2 alive nodes
+        nodes.append(start_up([*worker_argv, "--block"], worker_env, worker_log, timeout_s=180))
 
         # A client outside the cluster (the laptop) joins the GCS with the token file: both
         # nodes alive, once (the worker is registered: its "Ray runtime started." line)

@@ -57,9 +57,8 @@ from tests.isolated_nodes import isolated_node
 from tests.paths import ROOT
 from tests.procs import new_marker
 from tests.procs import wait_no_marked_processes
-from tests.ray_start import start_node
+from tests.ray_start import start_up
 from tests.ray_start import stop_nodes
-from tests.ray_start import wait_started
 from tests.storage_servers import BUCKET
 from tests.storage_servers import s3_server
 from tests.sweeps import NO_REMEASURE
@@ -240,8 +239,7 @@ def job_cluster():
     t0 = time.monotonic()
     try:
         with contextlib.ExitStack() as stack:
-            nodes.append(start_node(head_argv, head_env, tmp / "head.out"))
-            wait_started(nodes[0], tmp / "head.out", timeout_s=180)
+            nodes.append(start_up(head_argv, head_env, tmp / "head.out", timeout_s=180))
             stack.enter_context(isolated_node(gcs, nodes_dir, WORKER_IP, marker, num_cpus=1,
                                               num_gpus=1, timeout_s=180, base_env=env))
             wait_for_dashboard(dashboard, nodes[0], timeout_s=120)
