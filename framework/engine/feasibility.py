@@ -42,6 +42,7 @@ from framework.engine.memory_model import kv_capacity_tokens
 from framework.engine.memory_model import param_count
 from framework.engine.memory_model import read_model_facts
 from framework.engine.memory_model import requested_bytes
+from framework.engine.memory_model import resolve_batch_limits
 from framework.engine.memory_model import value_dtype
 from framework.engine.memory_model import weight_bytes_per_gpu
 
@@ -94,7 +95,9 @@ def _normalized(flags: Mapping[str, FlagValue]) -> dict[str, bool | int | float 
     return {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
 
 
-def _parse_len(value: FlagValue) -> int | None:
+def parse_len(value: FlagValue) -> int | None:
+    """A --max-model-len value as vLLM reads it: "8192", "8k" (x 1000), "8K" (x 1024), "1m",
+    "1M"; None for "auto" or -1 (the model's own)."""
     text = str(value).strip()
     if text in ("-1", "auto"):
         return None
@@ -147,19 +150,13 @@ def _settings(m: ModelFacts, flags: Mapping[str, FlagValue],
     max-num-seqs) before vLLM adjusts them to max-model-len and to each other."""
     f = _normalized(flags)
     model_max = m.info.max_position_embeddings or 2048
-    max_len = _parse_len(f["max-model-len"]) if "max-model-len" in f else model_max
+    max_len = parse_len(f["max-model-len"]) if "max-model-len" in f else model_max
     chunked = (_as_bool(f.get("enable-chunked-prefill", True))
                and not _as_bool(f.get("no-enable-chunked-prefill", False)))
-    scale = 2 if str(f.get("performance-mode", "")) == "throughput" else 1
-    seqs = int(f.get("max-num-seqs", defaults[1] * scale))
-    if "max-num-batched-tokens" in f:
-        tokens = int(f["max-num-batched-tokens"])
-    else:  # EngineArgs._set_default_max_num_seqs_and_batched_tokens_args
-        length = max_len or model_max
-        tokens = defaults[0] * scale if chunked else max(length, defaults[0] * scale)
-        tokens = min(seqs * length, tokens)
-    if "max-num-seqs" not in f:
-        seqs = min(seqs, tokens)
+    tokens, seqs = resolve_batch_limits(
+        defaults, int(f["max-num-batched-tokens"]) if "max-num-batched-tokens" in f else None,
+        int(f["max-num-seqs"]) if "max-num-seqs" in f else None, max_len or model_max, chunked,
+        throughput=str(f.get("performance-mode", "")) == "throughput")
     quant = f.get("quantization")
     mode, sizes = _graph_settings(f, seqs, tokens)
     return _Settings(

@@ -408,3 +408,23 @@ def batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
     if gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name.lower():
         return 8192, 1024
     return 2048, 256
+
+
+def resolve_batch_limits(defaults: tuple[int, int], max_num_batched_tokens: int | None,
+                         max_num_seqs: int | None, max_model_len: int, chunked_prefill: bool,
+                         throughput: bool = False) -> tuple[int, int]:
+    """(max-num-batched-tokens, max-num-seqs) as vLLM 0.32 resolves them from the flags (None:
+    unset) and `defaults` (batch_defaults) in EngineArgs._set_default_max_num_seqs_and_batched_
+    tokens_args (vllm/engine/arg_utils.py): an unset limit takes its default (x 2 in
+    throughput mode); unset tokens are then raised to max-model-len without chunked prefill and
+    capped at max-num-seqs x max-model-len; unset seqs are capped at the tokens."""
+    scale = 2 if throughput else 1
+    seqs = max_num_seqs if max_num_seqs is not None else defaults[1] * scale
+    if max_num_batched_tokens is not None:
+        tokens = max_num_batched_tokens
+    else:
+        tokens = defaults[0] * scale if chunked_prefill else max(max_model_len, defaults[0] * scale)
+        tokens = min(seqs * max_model_len, tokens)
+    if max_num_seqs is None:
+        seqs = min(seqs, tokens)
+    return tokens, seqs

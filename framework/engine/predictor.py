@@ -25,10 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from framework.base.errors import ConfigError
 from framework.engine.feasibility import DEFAULT_GPU_MEMORY_UTILIZATION
 from framework.engine.memory_model import BLOCK_SIZE
 from framework.engine.memory_model import GPUS
 from framework.engine.memory_model import batch_defaults
+from framework.engine.memory_model import resolve_batch_limits
+from framework.engine.model_info import read_model_info
 from framework.engine.step_time import StepTime
 
 # Our GPU types (memory_model.GPUS) -> AIConfigurator's system names (aiconfigurator_core/systems/
@@ -40,6 +43,11 @@ AIC_SYSTEMS: dict[str, str] = {
     "A100-80GB": "a100_sxm",
     "L40S-48GB": "l40s",
 }
+
+
+# vLLM's max-model-len for a model whose config.json names no max_position_embeddings
+# (feasibility._settings takes the same)
+FALLBACK_MAX_MODEL_LEN = 2048
 
 
 @dataclass(frozen=True)
@@ -59,20 +67,35 @@ class Deployment:
     max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     enable_chunked_prefill: bool = True  # vLLM V1's default; the scheduler's (step_sim), not a step's
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (config.json)
 
     @property
     def kv_block_size(self) -> int:
         return self.block_size or BLOCK_SIZE
 
     def batch_limits(self) -> tuple[int, int]:
-        """(max-num-batched-tokens, max-num-seqs), vLLM's defaults for the GPU where unset."""
+        """(max-num-batched-tokens, max-num-seqs) as vLLM resolves them for this deployment
+        (memory_model.resolve_batch_limits: the GPU's defaults where unset, the tokens raised
+        to max-model-len without chunked prefill)."""
         if self.max_num_batched_tokens is not None and self.max_num_seqs is not None:
             return self.max_num_batched_tokens, self.max_num_seqs
         if self.gpu not in GPUS:
             raise ValueError(f"unknown GPU type {self.gpu!r}: give max_num_batched_tokens and "
                              "max_num_seqs, or one of " + ", ".join(GPUS))
-        tokens, seqs = batch_defaults(GPUS[self.gpu])
-        return self.max_num_batched_tokens or tokens, self.max_num_seqs or seqs
+        return resolve_batch_limits(batch_defaults(GPUS[self.gpu]), self.max_num_batched_tokens,
+                                    self.max_num_seqs, self.model_max_len(),
+                                    self.enable_chunked_prefill)
+
+    def model_max_len(self) -> int:
+        """max_model_len, else the model's max_position_embeddings (vLLM's default), else
+        FALLBACK_MAX_MODEL_LEN when config.json names none or cannot be read."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        try:
+            declared = read_model_info(self.model).max_position_embeddings
+        except ConfigError:
+            declared = None
+        return int(declared) if declared else FALLBACK_MAX_MODEL_LEN
 
 
 @dataclass(frozen=True)

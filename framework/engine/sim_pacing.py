@@ -29,6 +29,7 @@ from pathlib import Path
 from framework.engine.memory_model import BLOCK_SIZE
 from framework.engine.memory_model import GPUS
 from framework.engine.memory_model import batch_defaults
+from framework.engine.memory_model import resolve_batch_limits
 from framework.engine.predictor import Deployment
 from framework.engine.predictor import Predictor
 from framework.engine.sim_truth import RUN_CV
@@ -71,17 +72,17 @@ def parse_spec(text: str) -> SimSpec:
 def sim_limits(args: argparse.Namespace, gpu: str) -> Limits:
     """The server's flags as scheduler limits. Absent: max-num-batched-tokens and max-num-seqs
     are vLLM 0.32's `vllm serve` defaults for the GPU (memory_model.batch_defaults:
-    vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults), the tokens raised to
-    max-model-len without chunked prefill (_set_default_max_num_seqs_and_batched_tokens_args);
+    vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults), resolved as vLLM does
+    (memory_model.resolve_batch_limits: the tokens raised to max-model-len without chunked
+    prefill);
     chunked prefill on (vllm/config/scheduler.py, enable_chunked_prefill = True); block size
     16 (vllm/config/cache.py, CacheConfig.DEFAULT_BLOCK_SIZE); KV blocks from
     --num-gpu-blocks-override, else unlimited."""
-    tokens, seqs = batch_defaults(GPUS[gpu])
     chunked = args.enable_chunked_prefill is not False
-    if not chunked:
-        tokens = max(tokens, args.max_model_len or MAX_MODEL_LEN)
-    return Limits(max_num_seqs=args.max_num_seqs or seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens or tokens,
+    tokens, seqs = resolve_batch_limits(batch_defaults(GPUS[gpu]), args.max_num_batched_tokens,
+                                        args.max_num_seqs, args.max_model_len or MAX_MODEL_LEN,
+                                        chunked)
+    return Limits(max_num_seqs=seqs, max_num_batched_tokens=tokens,
                   chunked_prefill=chunked, block_size=args.block_size or BLOCK_SIZE,
                   kv_blocks=args.num_gpu_blocks_override)
 
@@ -110,7 +111,8 @@ def _deployment(spec: SimSpec, args: argparse.Namespace, limits: Limits
         pipeline_parallel=args.pipeline_parallel_size or 1,
         kv_cache_dtype=args.kv_cache_dtype or "auto", block_size=limits.block_size,
         max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-        enable_chunked_prefill=limits.chunked_prefill)
+        enable_chunked_prefill=limits.chunked_prefill,
+        max_model_len=args.max_model_len or MAX_MODEL_LEN)
     chosen = predictor(spec.predictor)
     reason = chosen.supports(deployment)
     if reason is not None:

@@ -30,6 +30,7 @@ from framework.config.search_space import configurations
 from framework.config.search_space import shape_setting
 from framework.engine.correction import Correction
 from framework.engine.correction import fit
+from framework.engine.feasibility import parse_len
 from framework.engine.prediction import PredictedLoad
 from framework.engine.prediction import Prediction
 from framework.engine.prediction import predict
@@ -101,6 +102,8 @@ class Prior:
                           block_size=num("block-size"), max_num_seqs=num("max-num-seqs"),
                           max_num_batched_tokens=num("max-num-batched-tokens"),
                           enable_chunked_prefill=flags.get("enable-chunked-prefill") is not False,
+                          max_model_len=(None if flags.get("max-model-len") is None
+                                         else parse_len(flags["max-model-len"])),
                           **({} if util is None else {"gpu_memory_utilization": float(util)}))
 
     def _flags(self, params: Mapping[str, Scalar], is_baseline: bool = False

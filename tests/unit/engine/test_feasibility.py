@@ -249,6 +249,25 @@ def test_batch_defaults_follow_vllm():
         "L4-24GB": (2048, 256)}
 
 
+@pytest.mark.parametrize("tokens, seqs, max_len, chunked, throughput, expected", [
+    (None, None, 8192, True, False, (8192, 1024)),      # the GPU's defaults
+    (None, None, 8192, True, True, (16384, 2048)),      # throughput mode doubles both
+    (None, None, 32768, False, False, (32768, 1024)),   # unchunked: raised to max-model-len
+    (None, None, 1024, False, False, (8192, 1024)),     # ... never lowered below the default
+    (None, 4, 1024, True, False, (4096, 4)),            # capped at max-num-seqs x max-model-len
+    (None, None, 4, True, False, (4096, 1024)),         # 1024 x 4 = 4096 < 8192
+    (512, None, 8192, True, False, (512, 512)),         # unset seqs capped at the tokens
+    (512, 4, 32768, False, True, (512, 4)),             # both set: as given
+])
+def test_batch_limits_resolve_as_vllm_resolves_them(tokens, seqs, max_len, chunked, throughput,
+                                                     expected):
+    """vllm/engine/arg_utils.py, EngineArgs._set_default_max_num_seqs_and_batched_tokens_args,
+    with H100's defaults (8192, 1024); the one rule feasibility, predictions and the simulated
+    engine share."""
+    assert mm.resolve_batch_limits((8192, 1024), tokens, seqs, max_len, chunked,
+                                   throughput) == expected
+
+
 @pytest.mark.parametrize("flags, tokens, seqs, graphs, graph_mib", [
     ({}, 8192, 1024, (51, 51), 260 + 6 * 100),
     # arg_utils.py: throughput mode doubles both defaults; cap = min(T, 512) still

@@ -4,6 +4,7 @@ whose step time is a constant: every expected value follows by hand."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,20 @@ def test_two_engines_each_take_half_and_the_throughputs_add_up():
 def test_a_deployment_that_would_not_serve_the_load_has_no_metrics(predictor, deployment):
     p = predict(predictor, deployment, PredictedLoad(100, 5, 8, None))
     assert p.metrics == {} and p.columns()["predicted_output_throughput"] is None
+
+
+def test_an_unchunked_deployment_serves_prompts_up_to_its_max_model_len_as_vllm_does():
+    """vLLM raises the unset token budget to max-model-len without chunked prefill
+    (memory_model.resolve_batch_limits): a 12,000-token prompt is over H100's 8,192 default but
+    fits a 16,384-token model length; an explicit budget of 8,192 stays and refuses it."""
+    unchunked = Deployment(model=Path("."), gpu="H100-80GB", max_num_seqs=8,
+                           enable_chunked_prefill=False, max_model_len=16384)
+    assert unchunked.batch_limits() == (16384, 8)
+    served = predict(Constant(), unchunked, PredictedLoad(12_000, 5, 8, None))
+    assert served.metrics["mean_ttft_ms"] > 0
+    capped = predict(Constant(), replace(unchunked, max_num_batched_tokens=8192),
+                     PredictedLoad(12_000, 5, 8, None))
+    assert capped.metrics == {}
 
 
 def test_a_finite_rate_spaces_the_requests_and_engines_share_it():

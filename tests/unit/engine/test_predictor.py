@@ -232,3 +232,14 @@ def test_the_registry_imports_no_sdk_and_the_sdk_prints_nothing(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
+
+
+def test_an_unset_max_model_len_is_the_models_own_as_in_vllm(model_dir, tmp_path):
+    """Deployment.model_max_len: the flag, else config.json's max_position_embeddings (the
+    70B's 131072), else 2048 (no config.json); unchunked, the unset budget follows it."""
+    assert Deployment(model_dir, "H100-80GB").model_max_len() == 131072
+    assert Deployment(model_dir, "H100-80GB", max_model_len=8192).model_max_len() == 8192
+    assert Deployment(tmp_path, "H100-80GB").model_max_len() == 2048
+    unchunked = Deployment(model_dir, "H100-80GB", enable_chunked_prefill=False)
+    assert unchunked.batch_limits() == (131072, 1024)
+    assert replace(unchunked, enable_chunked_prefill=True).batch_limits() == (8192, 1024)
