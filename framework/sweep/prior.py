@@ -79,6 +79,7 @@ class Prior:
                                   request_rate=w.request_rate, percentiles=w.percentiles)
         self._cache: dict[str, Prediction | None] = {} if cache is None else cache
         self._seen: list[tuple[dict[str, Scalar], Prediction, Mapping[str, object]]] = []
+        self._fit: dict[str, bool] = {}  # the memory model's verdict, by trial flags
         self._refits = 0
         self._queued = False
 
@@ -162,11 +163,20 @@ class Prior:
             got = metrics.get(key)
             if got is not None and not is_lower_bound(key) and got > limit:
                 return None
-        feas = feasibility(self.sweep, self._flags(params), None)
-        if feas is not None and not feas.ok:
+        if not self.fits(params):
             return None
         got = metrics.get(spec.objective.metric)
         return None if got is None or not math.isfinite(got) else float(got)
+
+    def fits(self, params: Mapping[str, Scalar]) -> bool:
+        """Whether our memory model (engine/feasibility.py) says `params` start; judged once
+        per configuration, not at every refit's ranking of the space."""
+        flags = self._flags(params)
+        key = repr(sorted(flags.items()))
+        if key not in self._fit:
+            feas = feasibility(self.sweep, flags, None)
+            self._fit[key] = feas is None or feas.ok
+        return self._fit[key]
 
     def ranked(self, candidates: Sequence[Mapping[str, Scalar]],
                correction: Mapping[str, Correction] | None = None) -> list[dict[str, Scalar]]:

@@ -14,6 +14,7 @@ from framework.engine.predictor import Deployment
 from framework.engine.predictor import MemoryEstimate
 from framework.engine.step_time import StepShape
 from framework.engine.step_time import StepTime
+from framework.sweep import prior as prior_module
 from framework.sweep.loader import load
 from framework.sweep.prior import Prior
 from framework.sweep.prior import off_reason
@@ -107,6 +108,24 @@ def test_the_refit_comes_every_n_measured_trials_and_skips_what_was_tried(tmp_pa
     assert picks[1] is not None and picks[1] not in tried[:2]
     # this cluster runs TP 1 faster and TP 2 slower than the formula: the correction says so
     assert picks[3] is not None and picks[3]["tensor-parallel-size"] == 1
+
+
+def test_the_memory_model_judges_each_configuration_once_across_refits(tmp_path, monkeypatch):
+    """Prior.fits caches feasibility's verdict by trial flags: a refit's ranking of the whole
+    space (every prior_refit_every measured trials) runs the memory model for none again."""
+    judged: list[dict] = []
+    real = prior_module.feasibility
+
+    def counted(sweep, flags, *rest):
+        judged.append(dict(flags))
+        return real(sweep, flags, *rest)
+
+    monkeypatch.setattr(prior_module, "feasibility", counted)
+    prior = Prior(load(_sweep(tmp_path, {}), check_flags=False), Formula())
+    first = prior.ranked(prior.candidates())
+    once = len(judged)
+    assert 0 < once <= len(prior.candidates())
+    assert prior.ranked(prior.candidates()) == first and len(judged) == once
 
 
 @pytest.mark.parametrize("change, says", [
