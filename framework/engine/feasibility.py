@@ -23,6 +23,7 @@ from typing import Any
 from framework.engine.memory_model import BLOCK_SIZE
 from framework.engine.memory_model import CUDA_CONTEXT_BYTES
 from framework.engine.memory_model import DTYPE_BYTES
+from framework.engine.memory_model import FALLBACK_MAX_MODEL_LEN
 from framework.engine.memory_model import GIB
 from framework.engine.memory_model import GPUS
 from framework.engine.memory_model import KV_BYTES
@@ -149,7 +150,7 @@ def _settings(m: ModelFacts, flags: Mapping[str, FlagValue],
     """The flags with vLLM's defaults filled in; `defaults` = (max-num-batched-tokens,
     max-num-seqs) before vLLM adjusts them to max-model-len and to each other."""
     f = _normalized(flags)
-    model_max = m.info.max_position_embeddings or 2048
+    model_max = m.info.max_position_embeddings or FALLBACK_MAX_MODEL_LEN
     max_len = parse_len(f["max-model-len"]) if "max-model-len" in f else model_max
     chunked = (_as_bool(f.get("enable-chunked-prefill", True))
                and not _as_bool(f.get("no-enable-chunked-prefill", False)))

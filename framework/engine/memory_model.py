@@ -410,6 +410,11 @@ def batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
     return 2048, 256
 
 
+# vLLM's max-model-len for a model whose config.json names no length (vllm/config/model.py,
+# `default_max_len = 2048` in _get_and_verify_max_len)
+FALLBACK_MAX_MODEL_LEN = 2048
+
+
 def resolve_batch_limits(defaults: tuple[int, int], max_num_batched_tokens: int | None,
                          max_num_seqs: int | None, max_model_len: int, chunked_prefill: bool,
                          throughput: bool = False) -> tuple[int, int]:

@@ -19,6 +19,7 @@ suite over every entry.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Protocol
 from framework.base.errors import ConfigError
 from framework.engine.feasibility import DEFAULT_GPU_MEMORY_UTILIZATION
 from framework.engine.memory_model import BLOCK_SIZE
+from framework.engine.memory_model import FALLBACK_MAX_MODEL_LEN
 from framework.engine.memory_model import GPUS
 from framework.engine.memory_model import batch_defaults
 from framework.engine.memory_model import resolve_batch_limits
@@ -43,11 +45,6 @@ AIC_SYSTEMS: dict[str, str] = {
     "A100-80GB": "a100_sxm",
     "L40S-48GB": "l40s",
 }
-
-
-# vLLM's max-model-len for a model whose config.json names no max_position_embeddings
-# (feasibility._settings takes the same)
-FALLBACK_MAX_MODEL_LEN = 2048
 
 
 @dataclass(frozen=True)
@@ -91,11 +88,18 @@ class Deployment:
         FALLBACK_MAX_MODEL_LEN when config.json names none or cannot be read."""
         if self.max_model_len is not None:
             return self.max_model_len
-        try:
-            declared = read_model_info(self.model).max_position_embeddings
-        except ConfigError:
-            declared = None
-        return int(declared) if declared else FALLBACK_MAX_MODEL_LEN
+        return _declared_max_len(self.model) or FALLBACK_MAX_MODEL_LEN
+
+
+@functools.lru_cache(maxsize=64)
+def _declared_max_len(model: Path) -> int | None:
+    """config.json's max_position_embeddings (None: none, or no readable config.json), read
+    once per model folder: a prior predicts hundreds of deployments of one model."""
+    try:
+        declared = read_model_info(model).max_position_embeddings
+    except ConfigError:
+        return None
+    return int(declared) if declared else None
 
 
 @dataclass(frozen=True)
