@@ -39,14 +39,6 @@ def start_node(argv: list[str], env: dict[str, str], log_path: Path) -> subproce
                                 start_new_session=True)
 
 
-def wait_started(node: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    """Until the node's `ray start` printed NODE_STARTED (its raylet is in the GCS); fails the
-    test if it exits first or the safety-net timeout passes."""
-    if not _started(node, log_path, timeout_s):
-        pytest.fail(f"`ray start` not up (exit code {node.poll()}): "
-                    f"{log_path.read_text(errors='replace')[-3000:]}")
-
-
 def _started(node: subprocess.Popen, log_path: Path, timeout_s: float) -> bool:
     """True once the node printed NODE_STARTED; False if it exits first or at the deadline."""
     deadline = time.monotonic() + timeout_s
@@ -59,10 +51,11 @@ def _started(node: subprocess.Popen, log_path: Path, timeout_s: float) -> bool:
 
 def start_up(argv: list[str], env: dict[str, str], log_path: Path,
              timeout_s: float) -> subprocess.Popen:
-    """`start_node`, then `wait_started`; a `ray start` that missed Ray's own fixed 30 s for
-    its raylet to register (STARTUP_TIMEOUT, which a loaded machine can miss) is stopped and
-    started again, up to START_ATTEMPTS, as the product's private Ray is
-    (framework/cluster/ray_session.py): slower, never red."""
+    """`start_node`, then wait until it printed NODE_STARTED (its raylet is in the GCS; the
+    test fails if it exits first or the safety-net timeout passes). A `ray start` that missed
+    Ray's own fixed 30 s for its raylet to register (STARTUP_TIMEOUT, which a loaded machine
+    can miss) is stopped and started again, up to START_ATTEMPTS, as the product's private Ray
+    is (framework/cluster/ray_session.py): slower, never red."""
     for attempt in range(1, START_ATTEMPTS + 1):
         node = start_node(argv, env, log_path)
         if _started(node, log_path, timeout_s):
