@@ -17,7 +17,9 @@ so a launcher waits on the file's appearance. SIGTERM or SIGINT closes it (exit 
 Routes:
 - `POST /v1/...`: to the backend the policy picks; the answer keeps the backend's status and
   content type and carries `X-Vllm-Sweep-Replica: <index>` (0-based, argv order). A backend
-  that cannot be reached gives 502 with a one-line JSON error naming it.
+  that cannot be reached gives 502 with a one-line JSON error naming it. Backend connections
+  are kept alive for KEEPALIVE_S only (below vLLM's 5 s), and a POST whose kept-alive
+  connection the server closed as it went out is sent once more on a new one (`_send`).
 - other `GET /v1/...` (e.g. /v1/models): to backend 0.
 - `GET /health`: 200 when every backend's /health answers 200, else 503 naming those that do not.
 - `GET /metrics`: every backend's page merged by `merge_metrics` into one exposition: a sample
@@ -72,6 +74,10 @@ PREFILL_PATHS = ("/v1/completions", "/v1/chat/completions")  # what P/D mode pre
 READY_PREFIX = "vllm-sweep router ready on "
 CONNECT_TIMEOUT_S = 10.0  # to open a backend connection; streams themselves have no bound
 PROBE_TIMEOUT_S = 10.0  # one backend's /health or /metrics answer
+# An idle backend connection is reused for at most this long: below the server's own keep-alive
+# (vLLM's uvicorn closes an idle one after VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s, vllm/envs.py), so
+# the router does not send on a connection the server is closing (aiohttp's default is 15 s).
+KEEPALIVE_S = 2.0
 MAX_BODY_BYTES = 256 * 1024 * 1024  # long prompts and images: far above aiohttp's 1 MiB
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SHUTDOWN_GRACE_S = 1.0  # in-flight streams are not waited for at SIGTERM
@@ -202,6 +208,7 @@ class Router:
         self.prefill_policy = RoundRobin(max(1, len(self.prefill)))
         self.outstanding = [0] * len(backends)
         self.session: aiohttp.ClientSession | None = None
+        self.fresh: aiohttp.ClientSession | None = None  # new connections only: `_send`'s retry
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -214,17 +221,38 @@ class Router:
 
     async def _open(self, _: web.Application) -> None:
         # No total timeout (generations run for minutes), no connection cap (hundreds of streams).
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            timeout=timeout)
+        self.fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=timeout)
 
     async def _close(self, _: web.Application) -> None:
-        if self.session is not None:
-            await self.session.close()
+        for session in (self.session, self.fresh):
+            if session is not None:
+                await session.close()
 
     def _client(self) -> aiohttp.ClientSession:
         assert self.session is not None, "the session opens at the application's start-up"
         return self.session
+
+    async def _send(self, method: str, url: str, headers: dict[str, str],
+                    data: bytes) -> aiohttp.ClientResponse:
+        """The backend's response, its headers read (the body still to read; the caller
+        releases it). A kept-alive connection that the server closed as the request went out
+        (disconnected or reset before any byte of the answer) is retried once on a new
+        connection, as RFC 9112 section 9.3.1 allows and as aiohttp itself does for
+        idempotent methods only (client.py, `retry_persistent_connection`); the load generator
+        does the same (load/loadgen.py, ClosedWhileIdle). A server that cannot be reached at
+        all (ClientConnectorError) is not retried."""
+        try:
+            return await self._client().request(method, url, headers=headers, data=data)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            assert self.fresh is not None, "the session opens at the application's start-up"
+            return await self.fresh.request(method, url, headers=headers, data=data)
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         """POST: to the policy's pick (in P/D mode after a prefill, `_prefill`); GET: to
@@ -242,8 +270,8 @@ class Router:
         response: web.StreamResponse | None = None
         self.outstanding[index] += 1
         try:
-            async with self._client().request(request.method, backend + str(request.rel_url),
-                                              headers=headers, data=body) as upstream:
+            async with await self._send(request.method, backend + str(request.rel_url),
+                                        headers, body) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers={
                     REPLICA_HEADER: str(index), **extra,
                     "Content-Type": upstream.headers.get("Content-Type", "application/octet-stream")})
@@ -283,9 +311,9 @@ class Router:
         send = {k: v for k, v in headers.items() if k.lower() != "content-type"}
         send["Content-Type"] = "application/json"
         try:
-            async with self._client().post(
-                    server + str(request.rel_url), headers=send,
-                    data=json.dumps(prefill_body(parsed, request.path)).encode()) as answer:
+            async with await self._send(
+                    "POST", server + str(request.rel_url), send,
+                    json.dumps(prefill_body(parsed, request.path)).encode()) as answer:
                 content = await answer.read()  # to its end, whatever it is (SSE, JSON)
                 if answer.status == 200:
                     return index, None

@@ -338,7 +338,8 @@ async def post_json(pool: ConnectionPool, path: str, payload: bytes, timeout_s: 
     connecting included. Any status is returned, none raised (the body of a non-200 is its
     first ResponseReader.MAX_ERROR_BODY bytes); errors as ``get``: TimeoutError,
     ConnectionError. The connection goes back to the pool only after a complete keep-alive
-    200."""
+    200. A reused connection closed before any byte of the answer (``ClosedWhileIdle``) is
+    closed and the request sent once more on a new one, as the load generator does."""
     request = (f"POST {pool.prefix}{path} HTTP/1.1\r\n{pool.headers}"
                f"Accept: application/json\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(payload)}\r\n\r\n").encode("latin-1") + payload
@@ -348,7 +349,13 @@ async def post_json(pool: ConnectionPool, path: str, payload: bytes, timeout_s: 
     try:
         async with asyncio.timeout(timeout_s):
             conn = await pool.get()
-            reader: ResponseReader = await conn.exchange(request, body.extend)
+            try:
+                reader: ResponseReader = await conn.exchange(request, body.extend)
+            except ClosedWhileIdle:
+                pool.put(conn, False)
+                conn = None
+                conn = await pool.connect()
+                reader = await conn.exchange(request, body.extend)
         reuse = reader.keep_alive and reader.status == 200
     except HTTPError as exc:
         raise ConnectionError(f"malformed response to POST {path}: {exc}") from None

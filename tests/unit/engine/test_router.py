@@ -1,7 +1,8 @@
 """framework/engine/router.py: its policies, metrics merge and prefill body (pure, table tests),
 and the router process itself in front of two FakeEngines, in P/D mode in front of three (one
-prefill, two decode), and in front of a stub backend whose stream waits on the test (so
-chunk-by-chunk forwarding is checked on an event, not on timing)."""
+prefill, two decode), in front of a stub backend whose stream waits on the test (so
+chunk-by-chunk forwarding is checked on an event, not on timing), and in front of stubs that
+close a kept-alive connection as the next request arrives (the keep-alive race, made certain)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import copy
 import http.server
 import json
 import os
+import socketserver
 import subprocess
 import sys
 import threading
@@ -407,6 +409,66 @@ def test_router_streams_chunk_by_chunk_and_answers_502_for_a_dead_backend(router
     finally:
         server.shutdown()
         server.server_close()
+
+
+class OneExchangePerConnection(socketserver.StreamRequestHandler):
+    """An HTTP/1.1 backend that answers the first request of each connection (200, a JSON body,
+    kept alive) and closes the connection when its next request arrives, before any byte of an
+    answer: what vLLM's uvicorn does to a request sent just as its keep-alive timeout fires,
+    made certain. Counts, on its server, the requests it answered and those it dropped."""
+
+    def handle(self) -> None:
+        if not self._read_request():
+            return
+        body = b'{"ok": true}'
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.wfile.flush()
+        self.server.answered += 1  # type: ignore[attr-defined]
+        if self.rfile.readline():  # a second request on this connection: closed unanswered
+            self.server.dropped += 1  # type: ignore[attr-defined]
+
+    def _read_request(self) -> bool:
+        """Read one request (line, headers, Content-Length body); False at end of stream."""
+        if not self.rfile.readline():
+            return False
+        length = 0
+        while (line := self.rfile.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        self.rfile.read(length)
+        return True
+
+
+@pytest.mark.timeout(120)
+def test_a_kept_alive_connection_closed_as_a_request_goes_out_is_retried_on_a_new_one(router):
+    """Guards the CI red of stop 47 (a P/D trial's quality probe got `502 prefill 0
+    unreachable: ServerDisconnectedError`): the router resent a POST on a pooled connection the
+    server had closed. Each leg (prefill, decode) meets a closed connection at the second
+    request and retries it once on a new connection; the client sees 200 both times."""
+    servers = []
+    for _ in range(2):
+        server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), OneExchangePerConnection)
+        server.daemon_threads = True
+        server.answered = server.dropped = 0  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    prefill, decode = (f"http://127.0.0.1:{s.server_address[1]}" for s in servers)
+    try:
+        proc, url = router([decode], prefill=(prefill,))
+        req = urllib.request.Request(f"{url}/v1/completions", data=b'{"prompt": "hi"}',
+                                     headers={"Content-Type": "application/json"})
+        for _ in range(2):
+            with urllib.request.urlopen(req, timeout=GUARD_S) as r:
+                assert (r.status, r.read()) == (200, b'{"ok": true}')
+        # the second request's legs each met a dropped connection and were answered anew
+        assert [(s.answered, s.dropped) for s in servers] == [(2, 1), (2, 1)]
+        assert stopped_cleanly(proc)
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 @pytest.mark.timeout(120)

@@ -1,6 +1,7 @@
 """ResponseReader (httptools-based HTTP/1.1 response framing), fed in arbitrary pieces; the
-credential a ConnectionPool, run_load and get send, and get / get_sync (status, body,
-timeouts, failures), all against real servers on 127.0.0.1."""
+credential a ConnectionPool, run_load and get send, get / get_sync (status, body,
+timeouts, failures), and post_json's one resend of a request whose kept-alive connection the
+server closed, all against real servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from framework.load.http_client import Response
 from framework.load.http_client import ResponseReader
 from framework.load.http_client import get
 from framework.load.http_client import get_sync
+from framework.load.http_client import post_json
 from framework.load.loadgen import run_load
 from framework.load.workload import RequestSpec
 from tests.streams import serving
@@ -169,6 +171,57 @@ def test_only_a_given_api_key_is_sent_never_the_environments(
     assert len(seen) == 1
     assert seen[0].get("authorization") == sent
     assert "sk-driver" not in repr(seen)
+
+
+async def _post_twice_closing(drop: set[tuple[int, int]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Two post_json calls on one pool to a server that answers request r of connection c
+    (200, kept alive) unless (c, r) is in `drop`: then it closes that connection without a
+    byte, as uvicorn does when its keep-alive timer fires as a request arrives. The two
+    statuses (0 for a ConnectionError) and the (connection, request) pairs the server read."""
+    seen: list[tuple[int, int]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = 1 + len({c for c, _ in seen})
+        try:
+            for number in range(1, 100):
+                await read_head(reader)
+                seen.append((conn, number))
+                if (conn, number) in drop:
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    pool = ConnectionPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    statuses = []
+    try:
+        for _ in range(2):
+            try:
+                response = await post_json(pool, "/v1/completions", b"{}", ANSWER_S)
+                assert response.body == b"ok"
+                statuses.append(response.status)
+            except ConnectionError:
+                statuses.append(0)
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+    return statuses, seen
+
+
+@pytest.mark.timeout(30)
+def test_post_json_sends_again_once_on_a_new_connection_when_a_reused_one_was_closed() -> None:
+    """Guards the quality probe (load/probe.py) against the keep-alive race the load generator
+    already survives (tests/unit/load/test_loadgen.py): the second request meets its reused
+    connection closed, and is answered on a new one; a new connection closed too is an error,
+    not sent a third time."""
+    assert asyncio.run(_post_twice_closing({(1, 2)})) == ([200, 200], [(1, 1), (1, 2), (2, 1)])
+    assert asyncio.run(_post_twice_closing({(1, 2), (2, 1)})) == \
+        ([200, 0], [(1, 1), (1, 2), (2, 1)])
 
 
 ANSWERS = {
