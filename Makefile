@@ -15,6 +15,13 @@ SWEEP ?= sweeps/quickstart.yaml
 # session fixtures (the shared vLLM server, the shared Ray), so each lane starts its own.
 LANES ?= 2
 IN_LANES := -n $(LANES) --dist loadfile --no-loadscope-reorder
+# `make test` adds WAIT_LANES lanes that run only the files that mostly wait on wall-clock events
+# (tests/lanes.py waiting_scopes: core-seconds at most 0.55 of their seconds, from the CPU
+# ledger's `cores` in tests/durations.json) beside the LANES, so no CPU-bound file waits for a
+# lane they hold (docs/BENCHMARKS.md, "Test-suite cost, session 23"). WAIT_LANES=0: as before.
+WAIT_LANES ?= 1
+TEST_LANES := -n $(shell echo $$(( $(LANES) + $(WAIT_LANES) ))) --wait-lanes $(WAIT_LANES) \
+	--dist loadfile --no-loadscope-reorder
 
 # Nothing leaves the project's folders or the temp dir; no network beyond loopback.
 export RAY_AUTH_MODE := disabled
@@ -82,7 +89,7 @@ check: lint model sim-model postgres
 	$(BIN)/python -m pytest -ra tests/unit $(IN_LANES)
 
 test: lint model sim-model browser postgres
-	$(BIN)/python -m pytest -ra --durations=25 $(IN_LANES)
+	$(BIN)/python -m pytest -ra --durations=25 $(TEST_LANES)
 
 # One lane, in the same order: to read a failure's output in sequence.
 test-serial: lint model sim-model browser postgres

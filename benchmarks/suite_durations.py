@@ -1,10 +1,14 @@
-"""Per-file seconds of a pytest run, for the lane order (tests/lanes.py, tests/durations.json).
+"""Per-file seconds of a pytest run, for the lane order (tests/lanes.py, tests/durations.json),
+and per-file core-seconds, for its wait lanes.
 
-    python -m benchmarks.suite_durations JUNIT.xml [--out tests/durations.json]
+    python -m benchmarks.suite_durations JUNIT.xml [--cores LEDGER/report.json] \
+        [--out tests/durations.json]
 
 JUNIT.xml is pytest's `--junitxml` of a full run (a clean-clone `bash .ci/run` with
 PYTEST_ADDOPTS=--junitxml=...). A file's seconds are the sum of its test cases' `time`
-(setup + call + teardown, as pytest's junit reporter records it)."""
+(setup + call + teardown, as pytest's junit reporter records it). --cores: the same run's CPU
+ledger (benchmarks/suite_cpu.py `report`, its report.json), whose per-file core-seconds go in
+the table's `cores`."""
 
 from __future__ import annotations
 
@@ -30,15 +34,28 @@ def seconds_per_file(junit: Path) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
+def cores_per_file(report: Path) -> dict[str, float]:
+    """{tests/…/test_x.py: core-seconds} from the CPU ledger's report.json (its `files`),
+    costliest first."""
+    files = json.loads(report.read_text())["files"]
+    return {k: round(v, 1) for k, v in sorted(files.items(), key=lambda kv: -kv[1])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("junit", type=Path)
+    parser.add_argument("--cores", type=Path, default=None,
+                        help="the same run's CPU ledger report.json (per-file core-seconds)")
     parser.add_argument("--out", type=Path, default=Path("tests/durations.json"))
     args = parser.parse_args()
-    table = {"source": f"junit seconds per file of {args.junit.name}",
-             "seconds": seconds_per_file(args.junit)}
+    table: dict[str, object] = {"source": f"junit seconds per file of {args.junit.name}",
+                                "seconds": seconds_per_file(args.junit)}
+    if args.cores is not None:
+        table["source"] = f"{table['source']}; core-seconds per file of {args.cores.name}"
+        table["cores"] = cores_per_file(args.cores)
     args.out.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{args.out}: {len(table['seconds'])} files, {sum(table['seconds'].values()):.0f} s")
+    seconds = seconds_per_file(args.junit)
+    print(f"{args.out}: {len(seconds)} files, {sum(seconds.values()):.0f} s")
 
 
 if __name__ == "__main__":

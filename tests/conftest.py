@@ -14,7 +14,9 @@ import pytest
 
 from tests.lanes import costliest_first
 from tests.lanes import file_costs
+from tests.lanes import next_scope
 from tests.lanes import scope_of
+from tests.lanes import waiting_scopes
 from tests.paths import ROOT
 from tests.paths import TINY_MODEL
 
@@ -38,16 +40,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda i: rank[file_of(i)])  # stable: a file's tests keep their order
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--wait-lanes", type=int, default=0, metavar="N",
+                     help="of the -n lanes, the last N run only the files that mostly wait "
+                     "(tests/lanes.py waiting_scopes); with --dist loadfile")
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadfile`, except that a group of files (tests/lanes.py GROUPS) is one scope:
-    xdist hands it whole to one lane, so the group's session fixture starts once."""
+    xdist hands it whole to one lane, so the group's session fixture starts once; and with
+    --wait-lanes N, the last N lanes take only waiting scopes, the others those first that are
+    not (tests/lanes.py next_scope)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    wait_lanes = config.getoption("wait_lanes")
+    waiting = waiting_scopes(file_costs(), file_costs(column="cores")) if wait_lanes else set()
+
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid.split("::", 1)[0])
+
+        def _is_wait_lane(self, node) -> bool:
+            return int(node.gateway.id.removeprefix("gw")) >= self.numnodes - wait_lanes
+
+        def _assign_work_unit(self, node) -> None:
+            """xdist's, with the scope from next_scope; a lane with nothing to take ends."""
+            scope = next_scope(list(self.workqueue), waiting, self._is_wait_lane(node),
+                               bool(waiting))
+            if scope is None:
+                node.shutdown()
+                return
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid)
+                                    for nodeid, completed in work_unit.items() if not completed])
 
     return LaneScheduling(config, log)
 

@@ -10,7 +10,14 @@ once per lane that runs one of them. A scope's cost is the sum of its files'.
 A file's cost is its seconds in tests/durations.json (junit seconds of a clean-clone run, per
 file, written by `python -m benchmarks.suite_durations <junit.xml>`); a file not in the table
 (new since) counts as NEW_FILE_S, which puts it among the middling e2e files. Only the order
-changes: every collected test still runs."""
+changes: every collected test still runs.
+
+Wait lanes (`make test`: `--wait-lanes 1`, one lane beyond LANES): the suite is CPU-bound, but
+some files mostly wait on wall-clock events (FakeEngine loads at fixed rates, an autoscaler's
+rounds, trial deadlines): their core-seconds (the CPU ledger's, benchmarks/suite_cpu.py, in the
+table's `cores`) are at most WAITING_SHARE of their seconds. A wait lane runs only such scopes
+(`waiting_scopes`), beside the others, so they no longer hold a lane the CPU-bound files need;
+the other lanes take them too once nothing else is left (`next_scope`)."""
 
 from __future__ import annotations
 
@@ -21,6 +28,10 @@ from pathlib import Path
 
 DURATIONS = Path(__file__).with_name("durations.json")
 NEW_FILE_S = 30.0
+# A scope whose core-seconds are at most this share of its seconds mostly waits (the two-lane
+# runs of session 22: 0.31-0.54 for the waiting files, 0.64-1.38 for the rest).
+WAITING_SHARE = 0.55
+WAITING_MIN_S = 5.0  # a scope shorter than this is not judged: the ledger samples once a second
 # The files that use `vllm_server` (tests/e2e/conftest.py: a real vLLM CPU server, ~40 core-s
 # to start; docs/BENCHMARKS.md, session 15): one lane starts it.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -34,11 +45,43 @@ def scope_of(file: str) -> str:
     return next((name for name, files in GROUPS.items() if file in files), file)
 
 
-def file_costs(path: Path = DURATIONS) -> dict[str, float]:
-    """{file path relative to the repo: seconds}; {} if the table is missing."""
+def file_costs(path: Path = DURATIONS, column: str = "seconds") -> dict[str, float]:
+    """{file path relative to the repo: seconds} (or the table's `cores`: core-seconds); {} if
+    the table or the column is missing."""
     if not path.is_file():
         return {}
-    return {str(k): float(v) for k, v in json.loads(path.read_text())["seconds"].items()}
+    table = json.loads(path.read_text()).get(column, {})
+    return {str(k): float(v) for k, v in table.items()}
+
+
+def waiting_scopes(seconds: Mapping[str, float], cores: Mapping[str, float]) -> set[str]:
+    """The scopes (scope_of) of at least WAITING_MIN_S seconds whose files' core-seconds sum to
+    at most WAITING_SHARE of their seconds; a scope with a file missing from either table is not
+    judged (not waiting)."""
+    sums: dict[str, list[float]] = {}
+    unknown: set[str] = set()
+    for f in set(seconds) | set(cores):
+        scope = scope_of(f)
+        if f not in seconds or f not in cores:
+            unknown.add(scope)
+            continue
+        total = sums.setdefault(scope, [0.0, 0.0])
+        total[0] += seconds[f]
+        total[1] += cores[f]
+    return {scope for scope, (wall, cpu) in sums.items()
+            if scope not in unknown and wall >= WAITING_MIN_S and cpu <= WAITING_SHARE * wall}
+
+
+def next_scope(queue: Sequence[str], waiting: set[str], wait_lane: bool,
+               with_wait_lanes: bool) -> str | None:
+    """The scope a lane takes next from `queue` (costliest first): a wait lane the first waiting
+    one (None: none left, the lane ends); another lane the first that is not waiting when the
+    run has wait lanes, else (or when only waiting ones are left) the first."""
+    if wait_lane:
+        return next((s for s in queue if s in waiting), None)
+    if with_wait_lanes:
+        return next((s for s in queue if s not in waiting), queue[0] if queue else None)
+    return queue[0] if queue else None
 
 
 def costliest_first(files: Sequence[str], costs: Mapping[str, float]) -> list[str]:

@@ -182,12 +182,16 @@ def test_token_cluster_takes_jobs_only_with_the_token_and_vllm_sweep_joins_it(sh
         nodes.append(start_up([*worker_argv, "--block"], worker_env, worker_log, timeout_s=180))
 
         # A client outside the cluster (the laptop) joins the GCS with the token file: both
-        # nodes alive, once (the worker is registered: its "Ray runtime started." line)
+        # nodes alive (the worker is registered: its "Ray runtime started." line), by address:
+        # a worker start that start_up retried may leave its first raylet alive in the GCS
+        # until its health checks fail, a second raylet of the same address
         code = (f"import ray; ray.init(address={gcs!r}, logging_level='ERROR'); "
-                "print('ALIVE', sum(1 for n in ray.nodes() if n['Alive']))")
+                "print('ALIVE', sorted({n['NodeManagerAddress'] for n in ray.nodes() "
+                "if n['Alive']}))")
         joined = subprocess.run([sys.executable, "-c", code], env=with_token,
                                 capture_output=True, text=True, timeout=300)
-        assert "ALIVE 2" in joined.stdout, joined.stdout + joined.stderr[-2000:]
+        assert "ALIVE ['127.0.0.12', '127.0.0.2']" in joined.stdout, \
+            joined.stdout + joined.stderr[-2000:]
 
         assert http_get(f"{dashboard}/api/version")[0] == 401
         assert http_get(f"{dashboard}/api/version", "not-the-token")[0] == 403

@@ -1,5 +1,5 @@
-"""The lane order of `make test` (tests/lanes.py) and the per-file seconds it reads
-(benchmarks/suite_durations.py, tests/durations.json)."""
+"""The lane order of `make test` (tests/lanes.py), its wait lanes' scopes, and the per-file
+seconds and core-seconds it reads (benchmarks/suite_durations.py, tests/durations.json)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import textwrap
 
 import pytest
 
+from benchmarks.suite_durations import cores_per_file
 from benchmarks.suite_durations import seconds_per_file
 from tests import lanes
 from tests.lanes import NEW_FILE_S
+from tests.lanes import WAITING_MIN_S
+from tests.lanes import WAITING_SHARE
 from tests.lanes import costliest_first
 from tests.lanes import file_costs
+from tests.lanes import next_scope
+from tests.lanes import waiting_scopes
 from tests.paths import ROOT
 
 COSTS = {"e2e/a.py": 200.0, "e2e/b.py": 50.0, "unit/c.py": 1.0}
@@ -43,6 +48,34 @@ def test_a_group_is_placed_whole_at_the_sum_of_its_files(monkeypatch):
     assert lanes.scope_of("e2e/d.py") == "e2e/d.py"
 
 
+def test_waiting_scopes_are_those_whose_cpu_is_at_most_the_share_of_their_seconds(monkeypatch):
+    monkeypatch.setattr(lanes, "GROUPS", {"g": ("e2e/g1.py", "e2e/g2.py")})
+    seconds = {"e2e/wait.py": 100.0, "e2e/busy.py": 100.0, "e2e/edge.py": 100.0,
+               "e2e/short.py": WAITING_MIN_S / 2, "e2e/g1.py": 100.0, "e2e/g2.py": 100.0,
+               "e2e/no_cores.py": 100.0}
+    cores = {"e2e/wait.py": 30.0, "e2e/busy.py": 90.0, "e2e/edge.py": WAITING_SHARE * 100.0,
+             "e2e/short.py": 0.0, "e2e/g1.py": 10.0, "e2e/g2.py": 190.0,
+             "e2e/no_seconds.py": 1.0}
+    # the group is judged as one scope: 200 core-s in 200 s, not waiting although g1 alone is;
+    # a file short of WAITING_MIN_S, or missing from a table, is not judged
+    assert waiting_scopes(seconds, cores) == {"e2e/wait.py", "e2e/edge.py"}
+    assert waiting_scopes(seconds, {}) == set()
+
+
+@pytest.mark.parametrize(("queue", "wait_lane", "with_wait_lanes", "expected"), [
+    (["busy1", "wait1", "busy2"], False, False, "busy1"),  # no wait lanes: xdist's order
+    (["wait1", "busy1"], False, False, "wait1"),
+    (["wait1", "busy1", "wait2"], False, True, "busy1"),  # others leave waiting scopes first
+    (["wait1", "wait2"], False, True, "wait1"),  # ... until only those are left
+    (["busy1", "wait2", "wait1"], True, True, "wait2"),  # a wait lane: the first waiting one
+    (["busy1", "busy2"], True, True, None),  # ... or none: the lane ends
+    ([], False, True, None),
+    ([], True, True, None),
+])
+def test_next_scope(queue, wait_lane, with_wait_lanes, expected):
+    assert next_scope(queue, {"wait1", "wait2"}, wait_lane, with_wait_lanes) == expected
+
+
 def test_the_shipped_groups_name_files_that_exist():
     for files in lanes.GROUPS.values():
         assert all((ROOT / f).is_file() for f in files), files
@@ -53,6 +86,9 @@ def test_the_shipped_table_is_read_and_a_missing_one_is_empty(tmp_path):
     assert costs and all(name.startswith("tests/") and name.endswith(".py") for name in costs)
     assert all(s >= 0 for s in costs.values())
     assert file_costs(tmp_path / "none.json") == {}
+    cores = file_costs(column="cores")  # the CPU ledger's, for the wait lanes
+    assert cores and all(c >= 0 for c in cores.values())
+    assert file_costs(column="no such column") == {}
 
 
 def test_seconds_per_file_sums_setup_call_and_teardown_per_module(tmp_path):
@@ -71,3 +107,11 @@ def test_seconds_per_file_sums_setup_call_and_teardown_per_module(tmp_path):
     assert got == {"tests/e2e/test_a.py": 12.5, "tests/unit/base/test_b.py": 0.5}
     assert list(got) == ["tests/e2e/test_a.py", "tests/unit/base/test_b.py"]  # costliest first
     json.dumps(got)
+
+
+def test_cores_per_file_reads_the_ledgers_report_costliest_first(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"files": {"tests/a.py": 1.04, "tests/b.py": 20.26},
+                                  "tests": {}, "total": 30.0}))
+    got = cores_per_file(report)
+    assert got == {"tests/b.py": 20.3, "tests/a.py": 1.0} and list(got) == ["tests/b.py", "tests/a.py"]
