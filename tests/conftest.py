@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.lanes import costliest_first
+from tests.lanes import cpu_shares
 from tests.lanes import file_costs
 from tests.lanes import next_scope
 from tests.lanes import scope_of
-from tests.lanes import waiting_scopes
 from tests.paths import ROOT
 from tests.paths import TINY_MODEL
 
@@ -42,21 +42,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--wait-lanes", type=int, default=0, metavar="N",
-                     help="of the -n lanes, the last N run only the files that mostly wait "
-                     "(tests/lanes.py waiting_scopes); with --dist loadfile")
+                     help="of the -n lanes, the last N run the files that mostly wait, then "
+                     "those that need the CPU least (tests/lanes.py next_scope); with --dist "
+                     "loadfile")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadfile`, except that a group of files (tests/lanes.py GROUPS) is one scope:
     xdist hands it whole to one lane, so the group's session fixture starts once; and with
-    --wait-lanes N, the last N lanes take only waiting scopes, the others those first that are
-    not (tests/lanes.py next_scope)."""
+    --wait-lanes N, the last N lanes take the waiting scopes, then those that need the CPU least,
+    the others those first that are not waiting (tests/lanes.py next_scope)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     wait_lanes = config.getoption("wait_lanes")
-    waiting = waiting_scopes(file_costs(), file_costs(column="cores")) if wait_lanes else set()
+    shares = cpu_shares(file_costs(), file_costs(column="cores")) if wait_lanes else {}
 
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -67,8 +68,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
         def _assign_work_unit(self, node) -> None:
             """xdist's, with the scope from next_scope; a lane with nothing to take ends."""
-            scope = next_scope(list(self.workqueue), waiting, self._is_wait_lane(node),
-                               bool(waiting))
+            scope = next_scope(list(self.workqueue), shares, self._is_wait_lane(node),
+                               bool(wait_lanes))
             if scope is None:
                 node.shutdown()
                 return

@@ -15,9 +15,10 @@ changes: every collected test still runs.
 Wait lanes (`make test`: `--wait-lanes 1`, one lane beyond LANES): the suite is CPU-bound, but
 some files mostly wait on wall-clock events (FakeEngine loads at fixed rates, an autoscaler's
 rounds, trial deadlines): their core-seconds (the CPU ledger's, benchmarks/suite_cpu.py, in the
-table's `cores`) are at most WAITING_SHARE of their seconds. A wait lane runs only such scopes
-(`waiting_scopes`), beside the others, so they no longer hold a lane the CPU-bound files need;
-the other lanes take them too once nothing else is left (`next_scope`)."""
+table's `cores`) are at most WAITING_SHARE of their seconds. A wait lane runs such scopes first
+(`waiting_scopes`), beside the others, so they no longer hold a lane the CPU-bound files need,
+then the remaining ones that need the CPU least; the other lanes take waiting scopes too once
+nothing else is left (`next_scope`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ NEW_FILE_S = 30.0
 # runs of session 22: 0.31-0.54 for the waiting files, 0.64-1.38 for the rest).
 WAITING_SHARE = 0.55
 WAITING_MIN_S = 5.0  # a scope shorter than this is not judged: the ledger samples once a second
+# Once no waiting scope is left, a wait lane takes those up to this share, the lowest first (the
+# real-vLLM files, 0.73-1.38 in s23a/s23b, stay in the other lanes).
+WAIT_LANE_MAX_SHARE = 0.7
 # The files that use `vllm_server` (tests/e2e/conftest.py: a real vLLM CPU server, ~40 core-s
 # to start; docs/BENCHMARKS.md, session 15): one lane starts it.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -54,10 +58,9 @@ def file_costs(path: Path = DURATIONS, column: str = "seconds") -> dict[str, flo
     return {str(k): float(v) for k, v in table.items()}
 
 
-def waiting_scopes(seconds: Mapping[str, float], cores: Mapping[str, float]) -> set[str]:
-    """The scopes (scope_of) of at least WAITING_MIN_S seconds whose files' core-seconds sum to
-    at most WAITING_SHARE of their seconds; a scope with a file missing from either table is not
-    judged (not waiting)."""
+def cpu_shares(seconds: Mapping[str, float], cores: Mapping[str, float]) -> dict[str, float]:
+    """{scope (scope_of): its files' core-seconds / their seconds} for the scopes of at least
+    WAITING_MIN_S seconds whose files are all in both tables (the others are not judged)."""
     sums: dict[str, list[float]] = {}
     unknown: set[str] = set()
     for f in set(seconds) | set(cores):
@@ -68,19 +71,33 @@ def waiting_scopes(seconds: Mapping[str, float], cores: Mapping[str, float]) -> 
         total = sums.setdefault(scope, [0.0, 0.0])
         total[0] += seconds[f]
         total[1] += cores[f]
-    return {scope for scope, (wall, cpu) in sums.items()
-            if scope not in unknown and wall >= WAITING_MIN_S and cpu <= WAITING_SHARE * wall}
+    return {scope: cpu / wall for scope, (wall, cpu) in sums.items()
+            if scope not in unknown and wall >= WAITING_MIN_S}
 
 
-def next_scope(queue: Sequence[str], waiting: set[str], wait_lane: bool,
+def waiting_scopes(seconds: Mapping[str, float], cores: Mapping[str, float]) -> set[str]:
+    """The judged scopes (cpu_shares) whose share is at most WAITING_SHARE: they mostly wait."""
+    return {scope for scope, share in cpu_shares(seconds, cores).items() if share <= WAITING_SHARE}
+
+
+def next_scope(queue: Sequence[str], shares: Mapping[str, float], wait_lane: bool,
                with_wait_lanes: bool) -> str | None:
-    """The scope a lane takes next from `queue` (costliest first): a wait lane the first waiting
-    one (None: none left, the lane ends); another lane the first that is not waiting when the
-    run has wait lanes, else (or when only waiting ones are left) the first."""
+    """The scope a lane takes next from `queue` (costliest first), given the judged scopes' CPU
+    shares (cpu_shares):
+    - a wait lane: the first waiting one (share <= WAITING_SHARE); once none is left, the one of
+      the lowest share up to WAIT_LANE_MAX_SHARE (the lane stays busy with what needs the CPU
+      least); else None: the lane ends;
+    - another lane, when the run has wait lanes: the first that is not waiting, else the first;
+    - without wait lanes: the first (xdist's order)."""
+    def waiting(scope: str) -> bool:
+        return scope in shares and shares[scope] <= WAITING_SHARE
+
     if wait_lane:
-        return next((s for s in queue if s in waiting), None)
+        light = [s for s in queue if s in shares and shares[s] <= WAIT_LANE_MAX_SHARE]
+        return next((s for s in light if waiting(s)),
+                    min(light, key=lambda s: shares[s]) if light else None)
     if with_wait_lanes:
-        return next((s for s in queue if s not in waiting), queue[0] if queue else None)
+        return next((s for s in queue if not waiting(s)), queue[0] if queue else None)
     return queue[0] if queue else None
 
 

@@ -12,9 +12,11 @@ from benchmarks.suite_durations import cores_per_file
 from benchmarks.suite_durations import seconds_per_file
 from tests import lanes
 from tests.lanes import NEW_FILE_S
+from tests.lanes import WAIT_LANE_MAX_SHARE
 from tests.lanes import WAITING_MIN_S
 from tests.lanes import WAITING_SHARE
 from tests.lanes import costliest_first
+from tests.lanes import cpu_shares
 from tests.lanes import file_costs
 from tests.lanes import next_scope
 from tests.lanes import waiting_scopes
@@ -60,20 +62,28 @@ def test_waiting_scopes_are_those_whose_cpu_is_at_most_the_share_of_their_second
     # a file short of WAITING_MIN_S, or missing from a table, is not judged
     assert waiting_scopes(seconds, cores) == {"e2e/wait.py", "e2e/edge.py"}
     assert waiting_scopes(seconds, {}) == set()
+    assert cpu_shares(seconds, cores) == {"e2e/wait.py": 0.3, "e2e/busy.py": 0.9,
+                                          "e2e/edge.py": WAITING_SHARE, "g": 1.0}
+
+
+SHARES = {"wait1": 0.3, "wait2": WAITING_SHARE, "mid1": 0.65, "mid2": 0.6,
+          "busy1": 0.9, "busy2": WAIT_LANE_MAX_SHARE + 0.01}
 
 
 @pytest.mark.parametrize(("queue", "wait_lane", "with_wait_lanes", "expected"), [
     (["busy1", "wait1", "busy2"], False, False, "busy1"),  # no wait lanes: xdist's order
     (["wait1", "busy1"], False, False, "wait1"),
     (["wait1", "busy1", "wait2"], False, True, "busy1"),  # others leave waiting scopes first
+    (["wait1", "new", "busy1"], False, True, "new"),  # an unjudged scope is not waiting
     (["wait1", "wait2"], False, True, "wait1"),  # ... until only those are left
-    (["busy1", "wait2", "wait1"], True, True, "wait2"),  # a wait lane: the first waiting one
-    (["busy1", "busy2"], True, True, None),  # ... or none: the lane ends
+    (["busy1", "wait2", "mid2", "wait1"], True, True, "wait2"),  # a wait lane: the first waiting
+    (["busy1", "mid1", "new", "mid2"], True, True, "mid2"),  # ... then the lowest share
+    (["busy1", "busy2", "new"], True, True, None),  # ... up to WAIT_LANE_MAX_SHARE: the lane ends
     ([], False, True, None),
     ([], True, True, None),
 ])
 def test_next_scope(queue, wait_lane, with_wait_lanes, expected):
-    assert next_scope(queue, {"wait1", "wait2"}, wait_lane, with_wait_lanes) == expected
+    assert next_scope(queue, SHARES, wait_lane, with_wait_lanes) == expected
 
 
 def test_the_shipped_groups_name_files_that_exist():
