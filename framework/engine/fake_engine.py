@@ -12,7 +12,8 @@ Holds, for tests that must act while a server starts or decodes (an event, not a
 seconds): with FAKE_ENGINE_STARTUP_PASSES naming a folder, a server finishes starting only by
 taking (removing) one file from it, waiting while it is empty (so a test lets exactly N servers
 start); while the file FAKE_ENGINE_HOLD_TOKENS names exists, no request gets its next token.
-At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows).
+At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows); a
+request whose client disconnects leaves the queue or its slot at once, as vLLM aborts it.
 Token pacing is a strategy (`Pacing`): that one (`FixedPacing`) by default; with
 FAKE_ENGINE_SIM set, a simulated GPU (engine/sim_pacing.py: vLLM V1's scheduler run in real
 time, each step's time from a performance model; prompts counted with the model's
@@ -266,7 +267,10 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     control = serve_from_env({"reset_prefix_cache":
                               lambda: bool(loop.call_soon_threadsafe(cached.clear))})
-    runner = web.AppRunner(app, access_log=None)
+    # A client that disconnects cancels its request, queued or running, as vLLM's routes are
+    # cancelled (vllm/entrypoints/serve/utils/api_utils.py `with_cancellation`, then the
+    # engine aborts the request): a load cut short leaves nothing queued behind it.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     try:

@@ -19,7 +19,9 @@ Routes:
   content type and carries `X-Vllm-Sweep-Replica: <index>` (0-based, argv order). A backend
   that cannot be reached gives 502 with a one-line JSON error naming it. Backend connections
   are kept alive for KEEPALIVE_S only (below vLLM's 5 s), and a POST whose kept-alive
-  connection the server closed as it went out is sent once more on a new one (`_send`).
+  connection the server closed as it went out is sent once more on a new one (`_send`). A
+  client that disconnects cancels its forward: the backend connection closes, and vLLM aborts
+  the request there, queued or running.
 - other `GET /v1/...` (e.g. /v1/models): to backend 0.
 - `GET /health`: 200 when every backend's /health answers 200, else 503 naming those that do not.
 - `GET /metrics`: every backend's page merged by `merge_metrics` into one exposition: a sample
@@ -389,7 +391,11 @@ def write_ready_file(path: str, url: str) -> None:
 async def serve(args: argparse.Namespace) -> None:
     """Listen, announce readiness (stdout line, ready file), serve until SIGTERM/SIGINT."""
     router = Router(args.backend, POLICIES[args.policy](len(args.backend)), args.prefill)
-    runner = web.AppRunner(router.app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+    # A client that disconnects cancels its forward (handler_cancellation), which closes the
+    # backend connection: vLLM aborts the request there, queued or running, as if the client
+    # had been connected to it (vllm/entrypoints/serve/utils/api_utils.py `with_cancellation`).
+    runner = web.AppRunner(router.app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
+                           handler_cancellation=True)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

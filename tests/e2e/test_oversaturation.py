@@ -123,9 +123,11 @@ def test_capacity_counts_an_over_saturated_step_as_not_held(fake_engine, tiny_mo
     """Capacity mode on a server of ~10 requests/s, the SLA loose enough never to break: the
     rate steps at 40 and 20 requests/s are stopped as over-saturated and do not hold, so the
     capacity found is below 20. Guards: an over-saturated step counted as held (its p99 looks
-    fine while the queue grows), which overstates capacity. Steps of 8 s: 4 s steps with
-    /metrics every 0.25 s let the 20 req/s step end unjudged at a load average of 40 (the
-    queue the cut 40 req/s step left drained first, then the sends ended). max_steps 6 (the
+    fine while the queue grows), which overstates capacity, and a step judged on the queue a
+    cut step left behind (s23d, load 63: the 20 req/s step saw the 40 req/s step's ~100
+    abandoned requests drain and was called not saturated; FakeEngine now drops a request whose
+    client left, as vLLM aborts it: tests/unit/engine/test_client_disconnect.py). Steps of 8 s:
+    4 s steps with /metrics every 0.25 s once ended unjudged at a load average of 40. max_steps 6 (the
     bracketing takes 5 at most): on a busy machine 10 req/s may over-saturate too, and 4 steps
     (40, 20, 10, 5) would leave one try at a rate that holds; 6 leave 2.5 after a failed 5."""
     requests = [RequestSpec(prompt="hello " * 8, prompt_len=9, output_len=16)] * 400
