@@ -15,10 +15,11 @@ SWEEP ?= sweeps/quickstart.yaml
 # session fixtures (the shared vLLM server, the shared Ray), so each lane starts its own.
 LANES ?= 2
 IN_LANES := -n $(LANES) --dist loadfile --no-loadscope-reorder
-# `make test` adds WAIT_LANES lanes that run only the files that mostly wait on wall-clock events
-# (tests/lanes.py waiting_scopes: core-seconds at most 0.55 of their seconds, from the CPU
-# ledger's `cores` in tests/durations.json) beside the LANES, so no CPU-bound file waits for a
-# lane they hold (docs/BENCHMARKS.md, "Test-suite cost, session 23"). WAIT_LANES=0: as before.
+# `make test` adds WAIT_LANES lanes beside the LANES: they run the files that mostly wait on
+# wall-clock events first (tests/lanes.py: core-seconds at most 0.55 of their seconds, from the
+# CPU ledger's `cores` in tests/durations.json), then those that need the CPU least (up to 0.7),
+# so no CPU-bound file waits for a lane they hold (docs/BENCHMARKS.md, "Test-suite cost, session
+# 23"). WAIT_LANES=0: as before.
 WAIT_LANES ?= 1
 TEST_LANES := -n $(shell echo $$(( $(LANES) + $(WAIT_LANES) ))) --wait-lanes $(WAIT_LANES) \
 	--dist loadfile --no-loadscope-reorder

@@ -48,13 +48,13 @@ def main() -> None:
                         help="the same run's CPU ledger report.json (per-file core-seconds)")
     parser.add_argument("--out", type=Path, default=Path("tests/durations.json"))
     args = parser.parse_args()
+    seconds = seconds_per_file(args.junit)
     table: dict[str, object] = {"source": f"junit seconds per file of {args.junit.name}",
-                                "seconds": seconds_per_file(args.junit)}
+                                "seconds": seconds}
     if args.cores is not None:
         table["source"] = f"{table['source']}; core-seconds per file of {args.cores.name}"
         table["cores"] = cores_per_file(args.cores)
     args.out.write_text(json.dumps(table, indent=1) + "\n")
-    seconds = seconds_per_file(args.junit)
     print(f"{args.out}: {len(seconds)} files, {sum(seconds.values()):.0f} s")
 
 
