@@ -10,7 +10,8 @@ before sending a single byte of the response fails with ``ClosedWhileIdle``: the
 closed it for idleness (uvicorn's keep-alive timeout, 5 s in vLLM) as the request went out,
 and never read the request; the caller may send it again on a new connection
 (``ConnectionPool.connect``). A 200 response's body goes to ``on_body`` as it
-arrives, inside ``data_received``. ``get(url, timeout_s)`` is a one-shot GET returning a
+arrives, inside ``data_received``. ``ConnectionPool.exchange`` sends a request on a pooled
+connection with that one resend. ``get(url, timeout_s)`` is a one-shot GET returning a
 ``Response`` (status, reason, body); ``get_sync`` runs it from synchronous code (threads).
 
 Why it exists: parsing and timing inside ``data_received`` means a streamed chunk costs no
@@ -272,6 +273,25 @@ class ConnectionPool:
             server_hostname=self.host if self.ssl else None)
         return conn
 
+    async def exchange(self, request: bytes, on_body: Callable[[bytes], None]
+                       ) -> tuple[Connection, ResponseReader]:
+        """Send ``request`` on an idle connection (else a new one) and return that connection,
+        for ``put``, with its finished ResponseReader. A reused connection closed before any
+        byte of the response (``ClosedWhileIdle``: the server never read the request) is
+        closed and the request sent once more, on a new connection (RFC 9112 9.3.1); once
+        only. On any failure the connection is closed and the error raised."""
+        conn = await self.get()
+        try:
+            try:
+                return conn, await conn.exchange(request, on_body)
+            except ClosedWhileIdle:
+                conn.close()
+                conn = await self.connect()
+                return conn, await conn.exchange(request, on_body)
+        except BaseException:
+            conn.close()
+            raise
+
     def put(self, conn: Connection, reuse: bool) -> None:
         if reuse and conn.reusable:
             self._idle.append(conn)
@@ -338,8 +358,8 @@ async def post_json(pool: ConnectionPool, path: str, payload: bytes, timeout_s: 
     connecting included. Any status is returned, none raised (the body of a non-200 is its
     first ResponseReader.MAX_ERROR_BODY bytes); errors as ``get``: TimeoutError,
     ConnectionError. The connection goes back to the pool only after a complete keep-alive
-    200. A reused connection closed before any byte of the answer (``ClosedWhileIdle``) is
-    closed and the request sent once more on a new one, as the load generator does."""
+    200. A reused connection closed before any byte of the answer is replaced once
+    (``ConnectionPool.exchange``), as for the load generator's requests."""
     request = (f"POST {pool.prefix}{path} HTTP/1.1\r\n{pool.headers}"
                f"Accept: application/json\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(payload)}\r\n\r\n").encode("latin-1") + payload
@@ -348,14 +368,7 @@ async def post_json(pool: ConnectionPool, path: str, payload: bytes, timeout_s: 
     reuse = False
     try:
         async with asyncio.timeout(timeout_s):
-            conn = await pool.get()
-            try:
-                reader: ResponseReader = await conn.exchange(request, body.extend)
-            except ClosedWhileIdle:
-                pool.put(conn, False)
-                conn = None
-                conn = await pool.connect()
-                reader = await conn.exchange(request, body.extend)
+            conn, reader = await pool.exchange(request, body.extend)
         reuse = reader.keep_alive and reader.status == 200
     except HTTPError as exc:
         raise ConnectionError(f"malformed response to POST {path}: {exc}") from None

@@ -26,7 +26,6 @@ from typing import Any
 from typing import Literal
 
 from framework.base.vocabulary import REPLICA_HEADER
-from framework.load.http_client import ClosedWhileIdle
 from framework.load.http_client import Connection
 from framework.load.http_client import ConnectionPool
 from framework.load.http_client import get
@@ -178,8 +177,9 @@ async def stream_one(
     content chunk, one more if the request fails. The connection is reused only after a
     complete, successful keep-alive response. A reused connection the server closed for
     idleness before answering (``ClosedWhileIdle``: it never read the request) is replaced by
-    a new one once, and the request sent again; its send time stays the first one, so the
-    lost time counts in its TTFT, as a client of the server would see it. ``keep_text``: the
+    a new one once, and the request sent again (``ConnectionPool.exchange``); its send time
+    stays the first one, so the lost time counts in its TTFT, as a client of the server would
+    see it. ``keep_text``: the
     record's ``text`` is the answer's text (every SSE message is then parsed; see SSEState).
     """
     state = SSEState(clock, keep_text)
@@ -191,13 +191,7 @@ async def stream_one(
     try:
         async with asyncio.timeout(timeout_s):
             request = pool.request(path, json.dumps(payload).encode())
-            conn = await pool.get()
-            try:
-                reader = await conn.exchange(request, state.feed)
-            except ClosedWhileIdle:
-                pool.put(conn, False)
-                conn = await pool.connect()
-                reader = await conn.exchange(request, state.feed)
+            conn, reader = await pool.exchange(request, state.feed)
             replica = replica_of(reader.headers)
             if reader.status == 200:
                 state.end()

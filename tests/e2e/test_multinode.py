@@ -141,6 +141,10 @@ def test_isolated_node_sees_neither_the_heads_files_nor_its_processes(two_node_c
 
 
 PROMPTS = 8  # each crosses both stages; more only add load time
+# PP on CPU needs a compiled model: --enforce-eager skips the warm-up that allocates the
+# inter-stage buffers. Dynamo traced once and run eagerly keeps that warm-up without
+# inductor's code generation (what vLLM's own CPU CI runs: vllm/platforms/cpu.py).
+EAGER_TRACE = json.dumps({"mode": 2, "backend": "eager"})
 
 
 def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
@@ -152,8 +156,8 @@ def write_pp_sweep(tmp: Path, model: Path, address: str) -> Path:
     sweep = tmp / "pp.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": "pp", "model": str(model), "search_space": str(space),
-        # PP on CPU needs torch.compile: --enforce-eager skips the inter-stage buffers.
-        "server": {"args": {"max-model-len": 512}, "host": "node", "startup_timeout_s": 420},
+        "server": {"args": {"max-model-len": 512, "compilation-config": EAGER_TRACE},
+                   "host": "node", "startup_timeout_s": 420},
         "workload": {"num_prompts": PROMPTS, "input_len": 64, "output_len": 16,
                      "max_concurrency": 4, "warmup_requests": 2},
         "sla": {"p99_ttft_ms": 60000},
