@@ -136,7 +136,10 @@ def test_vllm_stamps_its_lines_with_the_epoch_prefix_the_parser_reads():
     mark = vllm_server.serve_mark(float(before))
     assert [ln.startswith("t=") for ln in lines] == [True, True, True], out
     marks = read_marks(mark + "\n" + "\n".join(lines) + "\n")
-    assert float(before) <= marks.imports_end <= float(before) + 60
+    # the prefix has the record's time to the millisecond (`%.3f`, rounded), so a line logged
+    # in the millisecond of `before` may read below it: `before` is compared rounded alike
+    # (rounding keeps the order: created >= before)
+    assert round(float(before), 3) <= marks.imports_end <= float(before) + 60
     assert marks.imports_end == float(lines[0].split()[0][2:])
     starts = process_starts(mark + "\n" + "\n".join(lines) + "\n")
     assert starts == {"serve_mark": pytest.approx(float(before), abs=1e-3),
