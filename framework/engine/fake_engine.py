@@ -11,7 +11,9 @@ FAKE_ENGINE_STARTUP_S (default 1), FAKE_ENGINE_TTFT_MS (20), FAKE_ENGINE_TPOT_MS
 Holds, for tests that must act while a server starts or decodes (an event, not a window of
 seconds): with FAKE_ENGINE_STARTUP_PASSES naming a folder, a server finishes starting only by
 taking (removing) one file from it, waiting while it is empty (so a test lets exactly N servers
-start); while the file FAKE_ENGINE_HOLD_TOKENS names exists, no request gets its next token.
+start); while the file FAKE_ENGINE_HOLD_TOKENS names exists, no request gets its next token;
+with FAKE_ENGINE_READY_TOGETHER = FOLDER:N, a ready server (after `on_ready`) listens only once
+N servers are ready (a barrier: `ready_together`), so N servers' ready spans surely overlap.
 At most --max-num-seqs requests are decoded at once; the rest queue (their TTFT grows); a
 request whose client disconnects leaves the queue or its slot at once, as vLLM aborts it.
 Token pacing is a strategy (`Pacing`): that one (`FixedPacing`) by default; with
@@ -59,6 +61,7 @@ import hashlib
 import io
 import json
 import os
+import tempfile
 import time
 from collections.abc import AsyncGenerator
 from collections.abc import AsyncIterator
@@ -127,6 +130,16 @@ def take_pass(folder: str) -> bool:
             os.unlink(os.path.join(folder, name))
             return True
     return False
+
+
+def ready_together(spec: str) -> None:
+    """FAKE_ENGINE_READY_TOGETHER = FOLDER:N: record this server in FOLDER (a new file) and
+    return once FOLDER holds N files (at once when it already does): no server of the N returns
+    before all N were recorded."""
+    folder, _, count = spec.rpartition(":")
+    os.close(tempfile.mkstemp(dir=folder, prefix="ready-")[0])
+    while len(os.listdir(folder)) < int(count):
+        time.sleep(HOLD_POLL_S)
 
 
 KV_BLOCK = 16  # FakeEngine's block size without --block-size (vLLM's CPU engine: 128)
@@ -256,6 +269,9 @@ def serve(argv: Sequence[str], on_ready: Callable[[argparse.Namespace], None] = 
             f"({max_len * 1024} bytes KV cache is needed, which is larger than the available "
             f"KV cache memory ({blocks * block * 1024} bytes).")
     on_ready(args)
+    together = os.environ.get("FAKE_ENGINE_READY_TOGETHER")
+    if together:
+        ready_together(together)
     asyncio.run(_serve(args))
 
 

@@ -136,7 +136,8 @@ MIXED_SHAPES = {
 
 
 def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path, name: str = "devices",
-                parameters: dict | None = None, n_trials: int = 4) -> Path:
+                parameters: dict | None = None, n_trials: int = 4,
+                env: dict[str, str] | None = None) -> Path:
     space = tmp / f"{name}-space.yaml"
     space.write_text(yaml.safe_dump({"parameters": parameters or MIXED_SHAPES}))
     sweep = tmp / f"{name}.yaml"
@@ -144,7 +145,8 @@ def write_sweep(tmp: Path, model: Path, address: str, occupancy: Path, name: str
         "name": name, "model": str(model), "search_space": str(space), "engine": "fake",
         "server": {"host": "node", "startup_timeout_s": 300, "reuse": False,
                    "env": {"FAKE_ENGINE_STARTUP_S": "2", "FAKE_ENGINE_TTFT_MS": "20",
-                           "FAKE_ENGINE_TPOT_MS": "10", "FAKE_ENGINE_OCCUPANCY_LOG": str(occupancy)}},
+                           "FAKE_ENGINE_TPOT_MS": "10", "FAKE_ENGINE_OCCUPANCY_LOG": str(occupancy),
+                           **(env or {})}},
         "workload": {"num_prompts": 24, "input_len": 16, "output_len": 16, "max_concurrency": 8,
                      "warmup_requests": 0},
         "search": {**NO_REMEASURE, "sampler": "grid", "n_trials": n_trials, "baseline": False,
@@ -187,10 +189,17 @@ def test_every_process_uses_the_device_vllm_would(tiny_model, short_tmp, fake_gp
     GPUs)[local rank]), two live trials on one GPU (mp's 0..N-1), a stage's TP ranks split
     across nodes, a group released while its processes run (#32 defect 5), server processes at
     Ray workers' niceness 15 (dd8c491). Four trials (one per shape) on 2 x 3 GPUs: fewer shapes
-    leave a rule unexercised, and trials share nodes side by side."""
+    leave a rule unexercised, and trials share nodes side by side: the grid's first three (2 +
+    1 + 2 GPUs) fit the 6 at once, the (2, 2) waits for them, and FakeEngine's ready barrier
+    (FAKE_ENGINE_READY_TOGETHER) makes the three serve only once all three are ready, so their
+    spans overlap whatever the machine's speed (s24d: they did not, on a loaded machine), and
+    two of them share a node (5 GPUs of two 3-GPU nodes)."""
     address, marker, ray_tmp = fake_gpu_cluster
     occupancy = short_tmp / "occupancy.jsonl"
-    sweep = write_sweep(short_tmp, tiny_model, address, occupancy)
+    ready = short_tmp / "ready"
+    ready.mkdir()
+    sweep = write_sweep(short_tmp, tiny_model, address, occupancy,
+                        env={"FAKE_ENGINE_READY_TOGETHER": f"{ready}:3"})
     with PidWatch(occupancy) as watch:
         res = cli_joined(["run", str(sweep)], short_tmp, marker, ray_tmp)
         assert watch.all_gone(timeout_s=30), "a recorded process outlived the sweep"

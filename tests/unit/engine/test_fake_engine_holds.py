@@ -1,9 +1,10 @@
 """FakeEngine's holds (framework/engine/fake_engine.py): the events tests act on instead of a
 window of seconds. A start-up pass is taken once, by one server; a token hold is on while its
-file exists."""
+file exists; no server passes the ready barrier before all N were recorded."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 from framework.engine import fake_engine
@@ -50,3 +51,29 @@ def test_a_token_hold_is_on_while_its_file_exists(tmp_path, monkeypatch):
     assert fake_engine.held("FAKE_ENGINE_HOLD_TOKENS")
     hold.unlink()
     assert not fake_engine.held("FAKE_ENGINE_HOLD_TOKENS")
+
+
+def test_no_server_passes_the_ready_barrier_before_all_n_arrived(tmp_path):
+    """Three servers arrive one after another (each only once the previous one is recorded);
+    none returns before the third arrived, and a fourth, later, passes at once."""
+    order = itertools.count()
+    arrived: dict[int, int] = {}
+    passed: dict[int, int] = {}
+
+    def server(i: int) -> None:
+        arrived[i] = next(order)
+        fake_engine.ready_together(f"{tmp_path}:3")
+        passed[i] = next(order)
+
+    threads = []
+    for i in range(3):
+        threads.append(threading.Thread(target=server, args=(i,)))
+        threads[-1].start()
+        while len(list(tmp_path.iterdir())) < i + 1:  # recorded: the next may come
+            threading.Event().wait(0.01)
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(passed) == [0, 1, 2]
+    assert min(passed.values()) > max(arrived.values())
+    server(3)  # a late server: the barrier is long met
+    assert passed[3] == arrived[3] + 1
